@@ -1,0 +1,13 @@
+.PHONY: setup run test lint
+
+setup:
+	bash scripts/setup.sh
+
+run:
+	bash scripts/setup.sh && .venv/bin/lego run
+
+test:
+	bash scripts/test.sh
+
+lint:
+	.venv/bin/ruff check lego flows tasks tests

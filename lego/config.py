@@ -1,0 +1,298 @@
+"""Typed configuration: pydantic models loaded from configs/*.yaml plus key=value overrides.
+
+A config file may name a `base:` file (relative to itself or to configs/) that it extends.
+Every section is strict: an unknown key or a wrong type fails naming the key, the value
+and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from lego import CONFIGS_DIR
+from lego.errors import ConfigError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ProjectConfig(Section):
+    name: str = "lego"
+    work_dir: Path = Path(".lego")
+    seed: int = 0
+
+
+class DockerConfig(Section):
+    # None: DOCKER_HOST, then the default socket, then (root on Linux) a private dockerd.
+    host: str | None = None
+    start_private_daemon: bool = True
+    base_image_packages: list[str] = Field(
+        default_factory=lambda: [
+            "python3", "python3-pytest", "python3-venv", "git", "socat", "patch", "procps",
+            "ca-certificates", "less", "tmux",
+        ]
+    )
+    debian_suite: str = "bookworm"
+
+
+class TinyModelSpec(Section):
+    """The random-init Qwen3-MoE used by the embedded default."""
+
+    hidden_size: int = Field(64, ge=16)
+    num_hidden_layers: int = Field(2, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    head_dim: int = Field(16, ge=4)
+    num_experts: int = Field(4, ge=2)
+    num_experts_per_tok: int = Field(2, ge=1)
+    moe_intermediate_size: int = Field(128, ge=8)
+    intermediate_size: int = Field(256, ge=8)
+    max_position_embeddings: int = Field(32768, ge=512)
+
+    @model_validator(mode="after")
+    def _top_k_fits(self) -> TinyModelSpec:
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError("num_experts_per_tok must not exceed num_experts")
+        return self
+
+
+class ModelConfig(Section):
+    # A checkpoint directory; empty means <work_dir>/models/<name>, created by `lego model init`.
+    path: Path | None = None
+    name: str = "tiny-qwen3-moe"
+    tokenizer: Literal["qwen3"] = "qwen3"
+    init: TinyModelSpec = Field(default_factory=TinyModelSpec)
+    context_length: int = Field(16384, ge=256)
+
+
+class EngineConfig(Section):
+    kind: Literal["transformers", "vllm", "scripted"] = "transformers"
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    device: str = "cpu"
+    max_batch_size: int = Field(8, ge=1)
+    batch_wait_ms: float = Field(5.0, ge=0)
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1)
+
+
+class TaskSetConfig(Section):
+    source: str = "bundled"  # "bundled", a JSONL/Parquet path, a datasets dir, a Harbor dir, or a hub name
+    split: Literal["train", "eval", "all"] = "train"
+    eval_split: Literal["train", "eval", "all"] = "eval"
+    limit: int | None = Field(None, ge=1)
+    strict: bool = False
+
+
+class SandboxConfig(Section):
+    cpus: float = Field(1.0, gt=0)
+    memory: str = "2g"
+    pids_limit: int = Field(512, ge=16)
+    exec_timeout_s: float = Field(120.0, gt=0)
+    output_limit_bytes: int = Field(1_000_000, ge=1024)
+    disk_limit_mb: int = Field(1024, ge=64)
+
+
+class HarnessConfig(Section):
+    name: str = "mini-swe-agent"
+    version: str | None = None
+    max_turns: int = Field(8, ge=1)
+    timeout_s: float = Field(300.0, gt=0)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class FilterConfig(Section):
+    enabled: bool = True
+    attempts: int = Field(4, ge=1)
+    min_solved: int = Field(1, ge=0)
+    max_solved: int | None = None  # None: attempts - 1
+
+
+class RolloutConfig(Section):
+    samples_per_task: int = Field(4, ge=1)
+    concurrency: int = Field(2, ge=1)
+    infra_retries: int = Field(2, ge=0)
+
+
+class VerifyConfig(Section):
+    timeout_s: float = Field(300.0, gt=0)
+    infra_retries: int = Field(2, ge=0)
+
+
+class DataConfig(Section):
+    min_valid_per_group: int = Field(2, ge=1)
+    advantage_epsilon: float = 1e-6
+    norm_adv_by_std: bool = True
+
+
+class TrainConfig(Section):
+    policy_loss: str = "vanilla"  # a name in verl's policy-loss registry
+    loss_agg_mode: str = "token-mean"
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    kl_coef: float = Field(0.0, ge=0)
+    epochs: int = Field(1, ge=1)
+    micro_batch_tokens: int = Field(4096, ge=64)
+    router_replay: Literal["R3", "disabled"] = "R3"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class EvalConfig(Section):
+    every: int = Field(1, ge=1)
+    samples_per_task: int = Field(1, ge=1)
+    confidence: float = Field(0.95, gt=0, lt=1)
+
+
+class PipelineConfig(Section):
+    iterations: int = Field(1, ge=1)
+
+
+class TrackingConfig(Section):
+    # None: sqlite under the work dir.
+    mlflow_uri: str | None = None
+    experiment: str | None = None
+
+
+class ScheduleConfig(Section):
+    cron: str = "0 3 * * *"
+    stages: dict[str, str] = Field(default_factory=dict)
+
+
+class LegoConfig(Section):
+    project: ProjectConfig = Field(default_factory=ProjectConfig)
+    docker: DockerConfig = Field(default_factory=DockerConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    tasks: TaskSetConfig = Field(default_factory=TaskSetConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+
+    def section_dict(self, name: str) -> dict[str, Any]:
+        return getattr(self, name).model_dump(mode="json")
+
+
+def _resolve_config_path(name_or_path: str | Path, relative_to: Path | None = None) -> Path:
+    candidate = Path(name_or_path)
+    options = [candidate]
+    if relative_to is not None:
+        options.append(relative_to / candidate)
+    options.append(CONFIGS_DIR / candidate)
+    if candidate.suffix == "":
+        options.append(CONFIGS_DIR / f"{candidate}.yaml")
+    for option in options:
+        if option.is_file():
+            return option.resolve()
+    raise ConfigError(
+        f"config {str(name_or_path)!r} not found (looked in {', '.join(str(o) for o in options)}); "
+        f"pass a path to a YAML file or a name from {CONFIGS_DIR}"
+    )
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if path in seen:
+        raise ConfigError(f"config {path} extends itself through 'base:' ({' -> '.join(map(str, seen))})")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping of sections, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is not None:
+        parent = _read_yaml(_resolve_config_path(base, path.parent), (*seen, path))
+        data = _deep_merge(parent, data)
+    return data
+
+
+def parse_override(override: str) -> tuple[list[str], Any]:
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like section.key=value (for example train.lr=1e-5)")
+    key, raw = override.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {override!r} has an empty key; use section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    data = _deep_merge({}, data)
+    for override in overrides:
+        path, value = parse_override(override)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override {override!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"])
+        value = error.get("input")
+        if error["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key (value {value!r}); check the spelling against configs/default.yaml")
+        else:
+            lines.append(f"  {key} = {value!r}: {error['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(name_or_path: str | Path = "default", overrides: list[str] | None = None) -> LegoConfig:
+    path = _resolve_config_path(name_or_path)
+    data = apply_overrides(_read_yaml(path), overrides or [])
+    try:
+        return LegoConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, str(path))) from None
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys for MLflow params."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat

@@ -1,0 +1,46 @@
+"""The Engine protocol: token ids in, token ids + log-probs + routed experts out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class GenerateResult:
+    token_ids: list[int]
+    logprobs: list[float]  # log-prob of each sampled token under the sampling distribution's model
+    # uint8 [prompt_len + len(token_ids), layers, top_k]: routing of every prompt and generated token
+    # (the last generated token's routing is computed too). None for dense models.
+    routed_experts: np.ndarray | None
+    finish_reason: str  # "stop" (a stop token was sampled, included in token_ids) | "length"
+    prompt_tokens: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A policy that samples and scores token ids. Implementations: transformers, vLLM, scripted."""
+
+    policy_version: int
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult: ...
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        """Per-token log-probs (position 0 gets 0.0: nothing predicts it)."""
+        ...
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None: ...

@@ -1,0 +1,94 @@
+"""Policy checkpoints: the seeded random-init tiny Qwen3-MoE and loading any transformers MoE checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from lego.cache import content_hash
+from lego.config import LegoConfig, TinyModelSpec
+from lego.engine.tokenizer import ensure_tokenizer, load_tokenizer
+from lego.errors import ModelError
+from lego.workdir import WorkDir
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+MARKER = "lego_model.json"
+
+
+def default_model_path(config: LegoConfig, work: WorkDir) -> Path:
+    return Path(config.model.path) if config.model.path else work.models / config.model.name
+
+
+def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool = False) -> Path:
+    """Write a random-init Qwen3-MoE checkpoint with the real Qwen3 tokenizer; same spec and seed, same weights."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    fingerprint = content_hash(spec.model_dump_json(), str(seed))
+    marker = out / MARKER
+    if marker.exists() and not force:
+        if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
+            return out
+    tokenizer_dir = ensure_tokenizer()
+    tokenizer = load_tokenizer(tokenizer_dir)
+    model_config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        num_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(model_config)
+    if out.exists():
+        shutil.rmtree(out)
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    (partial / MARKER).write_text(json.dumps({"fingerprint": fingerprint, "seed": seed, "spec": spec.model_dump(),
+                                              "policy_version": 0}, indent=2))
+    partial.rename(out)
+    return out
+
+
+def load_model(path: Path, dtype: str = "float32", device: str = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    if not (path / "config.json").is_file():
+        raise ModelError(f"no transformers checkpoint at {path}; run `lego model init` or set model.path")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    return model.to(device).eval()
+
+
+def moe_routers(model) -> list[torch.nn.Module]:
+    """The router (gate) of every sparse MoE layer, in layer order."""
+    routers = []
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(gate, "weight") and getattr(gate, "top_k", None) is not None:
+            routers.append(gate)
+    return routers
+
+
+def policy_version(path: Path) -> int:
+    marker = path / MARKER
+    if marker.exists():
+        return int(json.loads(marker.read_text()).get("policy_version", 0))
+    return 0

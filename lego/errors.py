@@ -1,0 +1,29 @@
+"""Every error Lego raises on purpose derives from LegoError and says what to do next."""
+
+
+class LegoError(Exception):
+    """Base class: the message tells the user what went wrong and how to fix it."""
+
+
+class ConfigError(LegoError):
+    """A config file or override is invalid."""
+
+
+class DockerUnavailableError(LegoError):
+    """No Docker engine is reachable and none could be started."""
+
+
+class ImageBuildError(LegoError):
+    """The sandbox base image or a task image could not be built."""
+
+
+class TokenizerError(LegoError):
+    """The tokenizer could not be obtained or failed its checksum."""
+
+
+class ModelError(LegoError):
+    """The policy checkpoint is missing or unusable."""
+
+
+class NotBuiltYetError(LegoError):
+    """A pipeline command whose stage is not implemented yet."""

@@ -1,0 +1,76 @@
+"""The task model: a SWE-bench instance plus where its environment comes from."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Environment(BaseModel):
+    """Where the repository at base_commit comes from.
+
+    - image: a ready Docker image with the repo at `workdir` (SWE-bench images).
+    - bundle: a git bundle (path relative to the task set) built into an image on the base image.
+    - dockerfile: a Harbor-style environment directory with a Dockerfile.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["image", "bundle", "dockerfile"] = "bundle"
+    image: str | None = None
+    bundle: str | None = None
+    dockerfile_dir: str | None = None
+    workdir: str = "/repo"
+    setup_commands: list[str] = Field(default_factory=list)
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    instance_id: str = Field(min_length=1)
+    repo: str = Field(min_length=1)
+    base_commit: str = Field(min_length=1)
+    problem_statement: str = Field(min_length=1)
+    patch: str = ""
+    test_patch: str = ""
+    FAIL_TO_PASS: list[str] = Field(default_factory=list)
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    version: str = "0"
+    environment_setup_commit: str | None = None
+    hints_text: str = ""
+    created_at: str = ""
+    split: str = "train"
+    difficulty: str | None = None
+    environment: Environment = Field(default_factory=Environment)
+    test_command: str = "python3 -m pytest -rA -p no:cacheprovider"
+    provenance: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _json_list(cls, value: Any) -> Any:
+        # The public SWE-bench datasets store these as JSON strings.
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else []
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a JSON list of test names: {exc}") from exc
+        if value is None:
+            return []
+        return value
+
+    @property
+    def test_files(self) -> list[str]:
+        """Files the test_patch touches (hidden from the agent)."""
+        return patch_files(self.test_patch)
+
+
+def patch_files(patch: str) -> list[str]:
+    files = []
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            parts = line.split()
+            if len(parts) >= 4:
+                files.append(parts[3][2:] if parts[3].startswith("b/") else parts[3])
+    return files

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Set up a machine for Lego: system packages (as root on Debian/Ubuntu), the virtual environment,
+# then `lego setup` (Docker engine, sandbox base image, Qwen3 tokenizer, tiny policy).
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${LEGO_VENV:-.venv}
+PYTHON=${PYTHON:-}
+if [ -z "$PYTHON" ]; then
+  for candidate in python3.11 python3.12 python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] not in ((3,11),(3,12)))'; then
+      PYTHON=$candidate; break
+    fi
+  done
+fi
+[ -n "$PYTHON" ] || { echo "Lego needs Python 3.11 or 3.12; install one (apt-get install python3.11)" >&2; exit 1; }
+
+# System packages: a Docker engine (unless one answers), debootstrap for the offline base image, npm for the tokenizer.
+need=()
+if ! docker info >/dev/null 2>&1 && ! command -v dockerd >/dev/null; then need+=(docker.io); fi
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v npm >/dev/null || need+=(npm)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing system packages: ${need[*]}"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
+  else
+    echo "missing system packages: ${need[*]}; install them (Debian/Ubuntu: sudo apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.lego-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "installing Lego into $VENV (first time: several minutes)"
+  # torch first, pinned: a looser pin pulls a multi-GB CUDA build.
+  "$VENV/bin/pip" install -q torch==2.13.0
+  "$VENV/bin/pip" install -q -e '.[test]'
+  touch "$stamp"
+fi
+"$VENV/bin/lego" setup "$@"
