@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lego.errors import LegoError, NotBuiltYetError
@@ -79,7 +80,7 @@ def doctor(config: ConfigOption = "default", overrides: Overrides = None) -> Non
         table.add_column(column, overflow="fold")
     for check in checks:
         status = "[green]ok[/]" if check.ok else ("[red]MISSING[/]" if check.required else "[yellow]optional[/]")
-        table.add_row(check.name, status, check.detail, "" if check.ok else check.fix)
+        table.add_row(check.name, status, escape(check.detail), "" if check.ok else escape(check.fix))
     Console().print(table)
     if any(not check.ok and check.required for check in checks):
         raise typer.Exit(1)

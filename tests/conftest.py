@@ -1,0 +1,62 @@
+"""Session fixtures shared by the suite: the test config, its work dir, a Docker engine, the base image."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def lego_config():
+    from lego.config import load_config
+
+    return load_config("test")
+
+
+@pytest.fixture(scope="session")
+def work_dir(lego_config):
+    from lego.workdir import WorkDir
+
+    return WorkDir.create(lego_config.project.work_dir)
+
+
+@pytest.fixture(scope="session")
+def docker_engine(lego_config, work_dir):
+    from lego.errors import DockerUnavailableError
+    from lego.sandbox.daemon import docker_engine as engine_context
+
+    try:
+        context = engine_context(work_dir.docker_root, lego_config.docker.host, lego_config.docker.start_private_daemon)
+        engine = context.__enter__()
+    except DockerUnavailableError as exc:
+        pytest.skip(f"no Docker engine: {exc}")
+    yield engine
+    context.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_engine, lego_config):
+    from lego.sandbox.image import ensure_base_image
+
+    return ensure_base_image(docker_engine.client, lego_config.docker)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir():
+    from lego.engine.tokenizer import ensure_tokenizer
+
+    return ensure_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(lego_config, work_dir):
+    from lego.engine.checkpoint import default_model_path, init_tiny_model
+
+    return init_tiny_model(lego_config.model.init, default_model_path(lego_config, work_dir), seed=lego_config.project.seed)
