@@ -146,6 +146,9 @@ class TrainConfig(Section):
     micro_batch_tokens: int = Field(4096, ge=64)
     router_replay: Literal["R3", "disabled"] = "R3"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    kl_type: str = "low_var_kl"  # verl kl_penalty estimator for the kl_coef term (against TrainBatch.ref_logprobs)
+    entropy_coeff: float = Field(0.0, ge=0)
+    measure_routing_drift: bool = True  # one extra no-grad forward per micro-batch without replay
 
 
 class EvalConfig(Section):

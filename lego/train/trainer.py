@@ -1,0 +1,347 @@
+"""The policy trainer: verl's losses on a transformers model, with R3 routing replay, saving policy versions.
+
+Input is a `TrainBatch` (lists of numpy arrays, one entry per token sequence, as the data layer stores segments).
+Log-probs are computed in the training dtype (fp32 by default) with the inference routing replayed; the loss is
+verl's own (`get_policy_loss_fn`, `agg_loss`, `kl_penalty`; `logprobs_from_logits`, `entropy_from_logits`,
+`masked_mean`), aggregated over the whole batch even when it is split into micro-batches (verl's
+`global_batch_info`), so gradient accumulation gives the gradient of the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lego.config import TrainConfig
+from lego.engine.checkpoint import MARKER, load_model, moe_routers
+from lego.engine.checkpoint import policy_version as read_policy_version
+from lego.errors import LegoError
+from lego.train.replay import RoutingReplayError, replay_routing, routing_difference_share
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
+
+
+class TrainError(LegoError):
+    """The batch or the trainer's settings cannot be trained on."""
+
+
+@dataclass
+class TrainBatch:
+    """Sequences to train on. Sequence i has T_i tokens: prompt/tool tokens and sampled tokens, in order.
+
+    input_ids[i]:          int [T_i]
+    response_mask[i]:      uint8 [T_i], 1 exactly on tokens the engine sampled (they get the loss)
+    inference_logprobs[i]: float32 [T_i], the engine's log-prob of each sampled token (0 elsewhere)
+    advantages[i]:         a float (per sequence, put on its sampled tokens) or float32 [T_i] (per token)
+    routed_experts[i]:     uint8 [T_i, layers, top_k] recorded at inference, or None (dense model / no R3)
+    old_logprobs:          optional [T_i] per sequence: the PPO "old" policy; default = inference_logprobs
+                           (on-policy: the sampling policy is the old policy, as in verl's bypass mode)
+    ref_logprobs:          optional [T_i] per sequence: a reference policy, needed only when kl_coef > 0
+    """
+
+    input_ids: list[np.ndarray]
+    response_mask: list[np.ndarray]
+    inference_logprobs: list[np.ndarray]
+    advantages: list[float | np.ndarray]
+    routed_experts: list[np.ndarray | None] | None = None
+    old_logprobs: list[np.ndarray] | None = None
+    ref_logprobs: list[np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        columns = {"response_mask": self.response_mask, "inference_logprobs": self.inference_logprobs,
+                   "advantages": self.advantages, "routed_experts": self.routed_experts,
+                   "old_logprobs": self.old_logprobs, "ref_logprobs": self.ref_logprobs}
+        for name, column in columns.items():
+            if column is not None and len(column) != n:
+                raise TrainError(f"TrainBatch.{name} has {len(column)} entries for {n} sequences")
+        for i, ids in enumerate(self.input_ids):
+            length = len(ids)
+            for name in ("response_mask", "inference_logprobs", "old_logprobs", "ref_logprobs"):
+                column = getattr(self, name)
+                if column is not None and len(column[i]) != length:
+                    raise TrainError(f"sequence {i}: {name} has {len(column[i])} entries for {length} tokens")
+            advantage = self.advantages[i]
+            if not np.isscalar(advantage) and len(advantage) != length:
+                raise TrainError(f"sequence {i}: advantages has {len(advantage)} entries for {length} tokens")
+            if self.routed_experts is not None and self.routed_experts[i] is not None:
+                if self.routed_experts[i].shape[0] != length:
+                    raise RoutingReplayError(
+                        f"sequence {i}: routed_experts has {self.routed_experts[i].shape[0]} rows for {length} "
+                        "tokens; the record must have one row per token"
+                    )
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors; columns are label positions (token t+1 predicted at position t)."""
+
+    input_ids: torch.Tensor  # long [B, T]
+    response_mask: torch.Tensor  # float [B, T-1]
+    inference_logprobs: torch.Tensor  # float [B, T-1]
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    advantages: torch.Tensor  # float [B, T-1]
+    routed_experts: torch.Tensor | None  # uint8 [B, T, layers, top_k]
+    real_tokens: torch.Tensor  # bool [B, T]: False on padding
+
+
+def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Consecutive groups whose padded size (count x longest) fits the budget; a longer sequence goes alone."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index, length in enumerate(lengths):
+        if current and (len(current) + 1) * max(longest, length) > token_budget:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(index)
+        longest = max(longest, length)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def collate(batch: TrainBatch, indices: list[int], need_routing: bool) -> MicroBatch:
+    """Pad `indices` of the batch into tensors; routing is kept when every sequence has it (required if
+    `need_routing`)."""
+    width = max(len(batch.input_ids[i]) for i in indices)
+    size = len(indices)
+    ids = torch.zeros((size, width), dtype=torch.long)
+    mask = torch.zeros((size, width))
+    inference = torch.zeros((size, width))
+    old = torch.zeros((size, width))
+    ref = torch.zeros((size, width)) if batch.ref_logprobs is not None else None
+    advantages = torch.zeros((size, width))
+    routed = None
+    real = torch.zeros((size, width), dtype=torch.bool)
+    for row, i in enumerate(indices):
+        n = len(batch.input_ids[i])
+        real[row, :n] = True
+        ids[row, :n] = torch.as_tensor(np.asarray(batch.input_ids[i], dtype=np.int64))
+        mask[row, :n] = torch.as_tensor(np.asarray(batch.response_mask[i], dtype=np.float32))
+        inference[row, :n] = torch.as_tensor(np.asarray(batch.inference_logprobs[i], dtype=np.float32))
+        source = batch.old_logprobs[i] if batch.old_logprobs is not None else batch.inference_logprobs[i]
+        old[row, :n] = torch.as_tensor(np.asarray(source, dtype=np.float32))
+        if ref is not None:
+            ref[row, :n] = torch.as_tensor(np.asarray(batch.ref_logprobs[i], dtype=np.float32))
+        advantage = batch.advantages[i]
+        advantages[row, :n] = float(advantage) if np.isscalar(advantage) else torch.as_tensor(
+            np.asarray(advantage, dtype=np.float32))
+        record = batch.routed_experts[i] if batch.routed_experts is not None else None
+        has_all = batch.routed_experts is not None and all(batch.routed_experts[j] is not None for j in indices)
+        if need_routing or has_all:
+            if record is None:
+                raise RoutingReplayError(
+                    f"sequence {i} has no routing record but R3 replay is on; record routing at inference "
+                    "(engine routed_experts) or set train.router_replay=disabled"
+                )
+            if routed is None:
+                routed = torch.zeros((size, width, *record.shape[1:]), dtype=torch.uint8)
+            if tuple(record.shape[1:]) != tuple(routed.shape[2:]):
+                raise RoutingReplayError(f"sequence {i}: routing record shape {record.shape} differs from the "
+                                         f"others in its micro-batch ({tuple(routed.shape[1:])})")
+            routed[row, :n] = torch.as_tensor(np.asarray(record, dtype=np.uint8))
+    advantages = advantages * mask
+    shift = slice(1, None)
+    return MicroBatch(ids, mask[:, shift], inference[:, shift], old[:, shift],
+                      ref[:, shift] if ref is not None else None, advantages[:, shift], routed, real)
+
+
+def token_logprobs(model, input_ids: torch.Tensor, label_mask: torch.Tensor, routed_experts: torch.Tensor | None,
+                   with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) [B, T-1] of tokens 1..T-1; computed only where label_mask is set (0 elsewhere).
+
+    Right padding needs no attention mask: causal attention keeps real tokens blind to the padding after them.
+    The LM head runs only on the masked positions (the vocabulary is large).
+    """
+    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+    if routed_experts is not None:
+        with replay_routing(model, routed_experts):
+            hidden = model.model(input_ids=input_ids, use_cache=False).last_hidden_state
+    else:
+        hidden = model.model(input_ids=input_ids, use_cache=False).last_hidden_state
+    selected = label_mask.bool()
+    logits = model.lm_head(hidden[:, :-1][selected]).float()
+    labels = input_ids[:, 1:][selected]
+    logprobs = torch.zeros(label_mask.shape, dtype=torch.float32, device=hidden.device)
+    logprobs = logprobs.masked_scatter(selected, logprobs_from_logits(logits, labels))
+    entropy = None
+    if with_entropy:
+        entropy = torch.zeros(label_mask.shape, dtype=torch.float32, device=hidden.device)
+        entropy = entropy.masked_scatter(selected, entropy_from_logits(logits))
+    return logprobs, entropy
+
+
+def pearson(a: np.ndarray, b: np.ndarray) -> float:
+    if len(a) < 2 or np.std(a) == 0 or np.std(b) == 0:
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def verl_actor_config(config: TrainConfig, global_batch_info: dict):
+    """The ActorConfig verl's policy losses read (clip ratios, aggregation, the global batch for accumulation)."""
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, use_dynamic_bsz=False,
+                       clip_ratio=config.clip_ratio_low, clip_ratio_low=config.clip_ratio_low,
+                       clip_ratio_high=config.clip_ratio_high, loss_agg_mode=config.loss_agg_mode,
+                       policy_loss=PolicyLossConfig(loss_mode=config.policy_loss),
+                       global_batch_info=global_batch_info)
+
+
+class Trainer:
+    """Trains one policy checkpoint directory; `step()` per batch, `save()` writes the next policy version."""
+
+    def __init__(self, model_path: str | Path, config: TrainConfig | None = None, device: str = "cpu",
+                 seed: int = 0) -> None:
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+        self.config = config or TrainConfig()
+        self.model_path = Path(model_path)
+        self.device = device
+        torch.manual_seed(seed)
+        self.model = load_model(self.model_path, self.config.dtype, device).train()
+        self.is_moe = bool(moe_routers(self.model))
+        self.replay = self.config.router_replay == "R3" and self.is_moe
+        self.policy_version = read_policy_version(self.model_path)
+        self.policy_loss_fn = get_policy_loss_fn(self.config.policy_loss)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr,
+                                           weight_decay=self.config.weight_decay)
+        self.steps = 0
+
+    def global_batch_info(self, batch: TrainBatch) -> dict:
+        masks = [np.asarray(m) for m in batch.response_mask]
+        # labels start at token 1: a token-0 mask never enters the loss
+        counts = [int(m[1:].sum()) for m in masks]
+        info = {"dp_size": 1, "batch_num_tokens": max(sum(counts), 1),
+                "global_batch_size": max(sum(1 for c in counts if c > 0), 1)}
+        if self.config.loss_agg_mode == "seq-mean-token-sum-norm":
+            info["loss_scale_factor"] = max(len(ids) for ids in batch.input_ids) - 1
+        return info
+
+    def micro_loss(self, micro: MicroBatch, actor_config) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
+        """verl's policy loss (+ entropy and KL terms) for one micro-batch, scaled to the global batch."""
+        from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+        routed = micro.routed_experts if self.replay else None
+        if self.replay and routed is None:
+            raise RoutingReplayError("R3 replay is on but the micro-batch carries no routing record")
+        logprobs, entropy = token_logprobs(self.model, micro.input_ids.to(self.device),
+                                           micro.response_mask.to(self.device), routed)
+        mask = micro.response_mask.to(self.device)
+        pg_loss, pg_metrics = self.policy_loss_fn(
+            old_log_prob=micro.old_logprobs.to(self.device), log_prob=logprobs,
+            advantages=micro.advantages.to(self.device), response_mask=mask,
+            loss_agg_mode=self.config.loss_agg_mode, config=actor_config, rollout_is_weights=None)
+        loss = pg_loss
+        info = actor_config.global_batch_info
+        if self.config.entropy_coeff > 0:
+            loss = loss - self.config.entropy_coeff * agg_loss(entropy, mask, self.config.loss_agg_mode, **info)
+        if self.config.kl_coef > 0:
+            if micro.ref_logprobs is None:
+                raise TrainError("train.kl_coef > 0 needs TrainBatch.ref_logprobs (a reference policy's log-probs)")
+            kl = kl_penalty(logprobs, micro.ref_logprobs.to(self.device), self.config.kl_type)
+            loss = loss + self.config.kl_coef * agg_loss(kl, mask, self.config.loss_agg_mode, **info)
+        return loss, pg_metrics, logprobs, entropy
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step per epoch over the whole batch (micro-batches accumulate gradients)."""
+        from verl.trainer.ppo.core_algos import kl_penalty
+        from verl.utils.torch_functional import masked_mean
+
+        if len(batch) == 0:
+            raise TrainError("empty TrainBatch")
+        info = self.global_batch_info(batch)
+        actor_config = verl_actor_config(self.config, info)
+        groups = plan_micro_batches([len(ids) for ids in batch.input_ids], self.config.micro_batch_tokens)
+        metrics: dict[str, float] = {}
+        for epoch in range(self.config.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            total_loss, tokens = 0.0, 0
+            weighted = {"clipfrac": 0.0, "entropy": 0.0, "kl_to_inference": 0.0}
+            train_lp, inference_lp = [], []
+            drift_tokens = drift_total = 0.0
+            for group in groups:
+                micro = collate(batch, group, need_routing=self.replay)
+                loss, pg_metrics, logprobs, entropy = self.micro_loss(micro, actor_config)
+                loss.backward()
+                mask = micro.response_mask.to(logprobs.device)
+                n = float(mask.sum())
+                total_loss += float(loss.detach())
+                tokens += int(n)
+                with torch.no_grad():
+                    inference = micro.inference_logprobs.to(logprobs.device)
+                    weighted["clipfrac"] += pg_metrics.get("actor/pg_clipfrac", 0.0) * n
+                    if n:
+                        weighted["entropy"] += float(masked_mean(entropy, mask)) * n
+                        kl = kl_penalty(logprobs.detach(), inference, "low_var_kl")
+                        weighted["kl_to_inference"] += float(masked_mean(kl, mask)) * n
+                    selected = mask.bool()
+                    train_lp.append(logprobs.detach()[selected].cpu().numpy())
+                    inference_lp.append(inference[selected].cpu().numpy())
+                    measure = self.config.measure_routing_drift and micro.routed_experts is not None
+                    if epoch == 0 and measure:
+                        share = routing_difference_share(self.model, micro.input_ids.to(self.device),
+                                                         micro.routed_experts, micro.real_tokens.to(self.device))
+                        counted = float(micro.real_tokens.sum())
+                        drift_tokens += share * counted
+                        drift_total += counted
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            self.optimizer.step()
+            self.steps += 1
+            if epoch == 0:
+                train_all = np.concatenate(train_lp) if train_lp else np.zeros(0)
+                inference_all = np.concatenate(inference_lp) if inference_lp else np.zeros(0)
+                delta = np.abs(train_all - inference_all)
+                metrics = {
+                    "loss": total_loss,
+                    "clip_fraction": weighted["clipfrac"] / max(tokens, 1),
+                    "entropy": weighted["entropy"] / max(tokens, 1),
+                    "grad_norm": float(grad_norm),
+                    "kl_to_inference": weighted["kl_to_inference"] / max(tokens, 1),
+                    "logprob_pearson": pearson(train_all, inference_all),
+                    "logprob_abs_diff_mean": float(delta.mean()) if len(delta) else 0.0,
+                    "logprob_abs_diff_max": float(delta.max()) if len(delta) else 0.0,
+                    "routing_differs_share": drift_tokens / drift_total if drift_total else float("nan"),
+                    "response_tokens": float(tokens),
+                    "sequences": float(len(batch)),
+                    "micro_batches": float(len(groups)),
+                }
+            else:
+                metrics[f"loss_epoch{epoch}"] = total_loss
+        return metrics
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write the model as the next policy version (a transformers checkpoint + lego_model.json)."""
+        out = Path(out_dir)
+        partial = out.with_name(out.name + ".partial")
+        for stale in (partial, out):
+            if stale.exists():
+                shutil.rmtree(stale)
+        self.model.save_pretrained(partial)
+        for name in TOKENIZER_FILES:
+            source = self.model_path / name
+            if source.is_file() and not (partial / name).exists():
+                shutil.copy2(source, partial / name)
+        marker = {}
+        if (self.model_path / MARKER).is_file():
+            marker = json.loads((self.model_path / MARKER).read_text())
+        marker.pop("fingerprint", None)  # a trained checkpoint is no longer the seeded init
+        marker.update({"policy_version": self.policy_version + 1, "parent": str(self.model_path),
+                       "train_steps": self.steps})
+        (partial / MARKER).write_text(json.dumps(marker, indent=2))
+        partial.rename(out)
+        self.policy_version += 1
+        self.model_path = out
+        return out
