@@ -1,0 +1,60 @@
+"""A scripted engine for tests and demos: fixed response texts, real log-probs and routing.
+
+Each `generate()` call emits the next scripted text exactly (tokenized, ending with `<|im_end|>`); the inner
+model scores prompt + response in one forward, so log-probs and routed experts are those of the real policy
+(computed as the inner engine computes them: temperature-1 log-probs, routing of every token). When the script
+runs out, every further call emits `final_text`.
+"""
+
+from __future__ import annotations
+
+from lego.engine.base import GenerateResult, SamplingParams
+
+END_OF_TURN = "<|im_end|>"
+DEFAULT_FINAL_TEXT = "I am done."
+
+
+class ScriptedEngine:
+    def __init__(self, inner, tokenizer, script: list[str], final_text: str = DEFAULT_FINAL_TEXT) -> None:
+        """`inner`: a scorer with `score_with_routing(ids)` (TransformersEngine); `tokenizer`: its tokenizer."""
+        self.inner = inner
+        self.tokenizer = tokenizer
+        self.script = list(script)
+        self.final_text = final_text
+        self.calls = 0
+        self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.inner.eos_token_ids
+
+    def next_text(self) -> str:
+        text = self.script[self.calls] if self.calls < len(self.script) else self.final_text
+        self.calls += 1
+        return text
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        response = self.tokenizer.encode(self.next_text(), add_special_tokens=False) + [self.end_of_turn_id]
+        response = response[: sampling.max_tokens]
+        finish_reason = "length"
+        for index, token in enumerate(response):
+            if token in sampling.stop_token_ids:
+                response, finish_reason = response[: index + 1], "stop"
+                break
+        logprobs, routed = await self.inner.score_with_routing(list(prompt_ids) + response)
+        return GenerateResult(token_ids=response, logprobs=logprobs[len(prompt_ids):], routed_experts=routed,
+                              finish_reason=finish_reason, prompt_tokens=len(prompt_ids))
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        return await self.inner.score(token_ids)
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None:
+        self.inner.load_checkpoint(path, policy_version)
