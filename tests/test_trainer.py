@@ -1,0 +1,149 @@
+"""The trainer on real sampled trajectories of the tiny Qwen3-MoE: verl's losses, accumulation, checkpoints."""
+# ruff: noqa: F811  (pytest fixtures imported from fixtures_model are parameters here)
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import torch
+from fixtures_model import fp32_engine, tiny_model_path  # noqa: F401
+
+from lego.config import TrainConfig
+from lego.engine.base import SamplingParams
+from lego.engine.checkpoint import MARKER, load_model, policy_version
+from lego.train.replay import RoutingReplayError, replay_routing
+from lego.train.trainer import TrainBatch, Trainer, TrainError, plan_micro_batches
+
+PROMPTS = [[151644, 872, 198, 9707 + i, 11, 151645, 198, 151644, 77091, 198] for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def batch(fp32_engine) -> TrainBatch:
+    async def sample():
+        return await asyncio.gather(*[fp32_engine.generate(p, SamplingParams(max_tokens=6 + 3 * i, seed=i))
+                                      for i, p in enumerate(PROMPTS)])
+
+    results = asyncio.run(sample())
+    ids, masks, logprobs, routing = [], [], [], []
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        ids.append(np.array(prompt + result.token_ids, dtype=np.int32))
+        masks.append(np.array([0] * len(prompt) + [1] * len(result.token_ids), dtype=np.uint8))
+        logprobs.append(np.array([0.0] * len(prompt) + result.logprobs, dtype=np.float32))
+        routing.append(result.routed_experts)
+    return TrainBatch(ids, masks, logprobs, [1.0, -1.0, 0.5, -0.5], routing)
+
+
+def reference_loss(model_path, batch: TrainBatch, config: TrainConfig):
+    """verl's loss on the whole batch at once, from a plain full-logits forward with the recorded routing."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    model = load_model(model_path, "float32").train()
+    width = max(len(ids) for ids in batch.input_ids)
+    size = len(batch)
+    ids = torch.zeros((size, width), dtype=torch.long)
+    mask, old, adv = (torch.zeros((size, width)) for _ in range(3))
+    routed = torch.zeros((size, width, *batch.routed_experts[0].shape[1:]), dtype=torch.uint8)
+    for row in range(size):
+        n = len(batch.input_ids[row])
+        ids[row, :n] = torch.as_tensor(batch.input_ids[row].astype(np.int64))
+        mask[row, :n] = torch.as_tensor(batch.response_mask[row].astype(np.float32))
+        old[row, :n] = torch.as_tensor(batch.inference_logprobs[row])
+        adv[row, :n] = batch.advantages[row]
+        routed[row, :n] = torch.as_tensor(batch.routed_experts[row])
+    with replay_routing(model, routed):
+        logits = model(input_ids=ids).logits.float()
+    logprobs = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    actor = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                        clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
+                        loss_agg_mode=config.loss_agg_mode, policy_loss=PolicyLossConfig(loss_mode=config.policy_loss))
+    loss, _ = get_policy_loss_fn(config.policy_loss)(
+        old_log_prob=old[:, 1:], log_prob=logprobs, advantages=(adv * mask)[:, 1:], response_mask=mask[:, 1:],
+        loss_agg_mode=config.loss_agg_mode, config=actor)
+    loss.backward()
+    return float(loss.detach()), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(("policy_loss", "agg"), [("vanilla", "token-mean"), ("gspo", "seq-mean-token-mean")])
+def test_loss_and_gradients_equal_verl_on_the_whole_batch(tiny_model_path, batch, policy_loss, agg):
+    # a small token budget splits the batch into several micro-batches: accumulation must not change anything
+    config = TrainConfig(policy_loss=policy_loss, loss_agg_mode=agg, micro_batch_tokens=64, lr=1e-9,
+                         measure_routing_drift=False)
+    trainer = Trainer(tiny_model_path, config)
+    trainer.optimizer.step = lambda: None  # keep the gradients for comparison
+    metrics = trainer.step(batch)
+    assert metrics["micro_batches"] > 1
+    expected_loss, expected_grads = reference_loss(tiny_model_path, batch, config)
+    assert metrics["loss"] == pytest.approx(expected_loss, abs=1e-6)
+    grads = {name: p.grad for name, p in trainer.model.named_parameters() if p.grad is not None}
+    assert grads.keys() == expected_grads.keys()
+    scale = min(1.0, config.grad_clip / max(metrics["grad_norm"], 1e-12))  # the trainer clipped its gradients
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad * scale, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_metrics_on_policy_batch(tiny_model_path, batch):
+    metrics = Trainer(tiny_model_path, TrainConfig()).step(batch)
+    assert metrics["logprob_pearson"] > 0.9999
+    assert metrics["logprob_abs_diff_max"] < 1e-3
+    assert metrics["kl_to_inference"] < 1e-6
+    assert metrics["clip_fraction"] == 0.0  # first step is exactly on-policy
+    assert metrics["routing_differs_share"] == 0.0  # fp32 engine and fp32 trainer route alike
+    assert metrics["entropy"] > 0 and metrics["grad_norm"] > 0
+    assert metrics["response_tokens"] == sum(int(m.sum()) for m in batch.response_mask)
+
+
+def test_a_few_steps_lower_the_loss(tiny_model_path, batch):
+    trainer = Trainer(tiny_model_path, TrainConfig(lr=1e-3, measure_routing_drift=False))
+    losses = [trainer.step(batch)["loss"] for _ in range(4)]
+    assert losses[-1] < losses[0] - 1e-3
+    assert trainer.step(batch)["clip_fraction"] > 0  # the policy moved away from the sampling policy
+
+
+def test_checkpoint_round_trips_into_the_engine(tiny_model_path, batch, tmp_path):
+    from lego.engine.transformers_engine import TransformersEngine
+
+    trainer = Trainer(tiny_model_path, TrainConfig(lr=1e-2, measure_routing_drift=False))
+    trainer.step(batch)
+    out = trainer.save(tmp_path / "policy-1")
+    assert policy_version(out) == 1 == trainer.policy_version
+    assert "fingerprint" not in json.loads((out / MARKER).read_text())
+    engine = TransformersEngine(tiny_model_path, dtype="float32")
+    try:
+        ids = [int(t) for t in batch.input_ids[0]]
+        before = asyncio.run(engine.score(ids))
+        engine.load_checkpoint(str(out), 1)
+        assert engine.policy_version == 1
+        after = asyncio.run(engine.score(ids))
+        result = asyncio.run(engine.generate(PROMPTS[0], SamplingParams(max_tokens=4, seed=0)))
+    finally:
+        engine.close()
+    assert np.abs(np.array(after) - np.array(before)).max() > 1e-3
+    assert len(result.token_ids) == 4
+    assert Trainer(out, TrainConfig()).policy_version == 1
+
+
+def test_replay_needs_a_routing_record(tiny_model_path, batch):
+    missing = TrainBatch(batch.input_ids, batch.response_mask, batch.inference_logprobs, batch.advantages,
+                         [None] * len(batch))
+    with pytest.raises(RoutingReplayError, match="no routing record"):
+        Trainer(tiny_model_path, TrainConfig()).step(missing)
+    short = [r[:-1] for r in batch.routed_experts]
+    with pytest.raises(RoutingReplayError, match="one row per token"):
+        TrainBatch(batch.input_ids, batch.response_mask, batch.inference_logprobs, batch.advantages, short)
+
+
+def test_misaligned_batch_and_kl_without_reference_raise(tiny_model_path, batch):
+    with pytest.raises(TrainError, match="sequence 0"):
+        TrainBatch(batch.input_ids, [m[:-1] for m in batch.response_mask], batch.inference_logprobs,
+                   batch.advantages, batch.routed_experts)
+    with pytest.raises(TrainError, match="ref_logprobs"):
+        Trainer(tiny_model_path, TrainConfig(kl_coef=0.1)).step(batch)
+
+
+def test_micro_batch_plan_respects_the_token_budget():
+    assert plan_micro_batches([10, 10, 10, 40, 5], 30) == [[0, 1, 2], [3], [4]]
+    assert plan_micro_batches([10, 30, 10], 60) == [[0, 1], [2]]
