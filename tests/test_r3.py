@@ -125,3 +125,17 @@ def test_a_forward_of_other_length_inside_the_block_raises(model):
         with replay_routing(model, forced):
             model(input_ids=IDS[:, :-2])
     assert all("forward" not in router.__dict__ for router in moe_routers(model))
+
+
+def test_r3_benchmark_reports_the_match(lego_config, tiny_model_path, tmp_path):
+    from lego.bench.r3 import bench_r3
+    from lego.workdir import WorkDir
+
+    config = lego_config.model_copy(deep=True)
+    config.model.path = tiny_model_path
+    result = bench_r3(config, WorkDir.create(tmp_path / "work"), trajectories=3, max_tokens=12)
+    assert result["sampled_tokens"] == 36
+    assert result["inference_dtype"] == "bfloat16" and result["training_dtype"] == "float32"
+    assert result["with_r3"]["pearson"] >= 0.999
+    assert result["with_r3"]["max_abs_diff"] < 0.05
+    assert 0.0 <= result["routing_differs_share"] <= 1.0
