@@ -6,8 +6,8 @@ SELECT
     r.stage,
     r.iteration,
     count(*) AS rollouts,
-    coalesce(sum(r.num_tokens), 0) AS tokens,
-    coalesce(sum(r.num_response_tokens), 0) AS response_tokens,
+    CAST(coalesce(sum(r.num_tokens), 0) AS BIGINT) AS tokens,
+    CAST(coalesce(sum(r.num_response_tokens), 0) AS BIGINT) AS response_tokens,
     count(*) FILTER (WHERE o.kind = 'resolved') AS resolved,
     count(*) FILTER (WHERE o.kind IN ('unresolved', 'agent_timeout', 'overlong')) AS unresolved,
     count(*) FILTER (WHERE o.kind = 'cheat') AS cheat,
@@ -18,9 +18,9 @@ FROM rollouts AS r
 LEFT JOIN latest_outcomes AS o ON o.run_id = r.run_id AND o.rollout_id = r.rollout_id
 GROUP BY r.run_id, r.stage, r.iteration;
 
--- Per train step, the trainer's numbers with the named metrics spread out by the reader.
+-- Per run and iteration: the trainer's steps.
 CREATE OR REPLACE VIEW train_summary AS
-SELECT run_id, iteration, count(*) AS steps, sum(num_tokens) AS tokens, avg(loss) AS mean_loss,
+SELECT run_id, iteration, count(*) AS steps, CAST(sum(num_tokens) AS BIGINT) AS tokens, avg(loss) AS mean_loss,
        max(policy_version) AS policy_version
 FROM train_steps
 GROUP BY run_id, iteration;

@@ -1,6 +1,6 @@
 -- The catalog: one view per stored table over its Parquet files (see lego/data/schema.py for the layout).
 -- Views read the globs at query time, so they always reflect the complete files on disk; temp files
--- (.<table>-<uuid>.parquet.tmp) never match. union_by_name keeps older files readable when columns are added.
+-- (.<table>-<id>.parquet.tmp) never match. union_by_name keeps older files readable when columns are added.
 CREATE OR REPLACE VIEW tasks AS SELECT * FROM read_parquet({{ tasks_glob }}, union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW rollouts AS SELECT * FROM read_parquet({{ rollouts_glob }}, union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW llm_calls AS SELECT * FROM read_parquet({{ llm_calls_glob }}, union_by_name = true, hive_partitioning = false);

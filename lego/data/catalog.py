@@ -84,6 +84,10 @@ class Catalog:
     def sql(self, query: str, params: list | dict | None = None) -> duckdb.DuckDBPyRelation:
         return self.connection.sql(query, params=params) if params is not None else self.connection.sql(query)
 
+    def one(self, query: str, params: list | dict | None = None) -> tuple | None:
+        """The first row of a query, as a tuple (None when it returns no row)."""
+        return self.connection.execute(query, params or []).fetchone()
+
     def rows(self, query: str, params: list | dict | None = None) -> list[dict[str, Any]]:
         cursor = self.connection.execute(query, params or [])
         names = [column[0] for column in cursor.description]

@@ -1,6 +1,6 @@
 """Arrow schemas of the stored tables and where their Parquet files live.
 
-Layout: <work>/data/<run_id>/<stage>/iter=<n>/<table>-<uuid>.parquet. Every row also carries run_id,
+Layout: <work>/data/<run_id>/<stage>/iter=<n>/<table>-<time_ns>-<random>.parquet. Every row also carries run_id,
 stage and iteration, so files can be moved or globbed without relying on the path. A zero-row file per table
 under data/_schema/_/iter=0/ keeps each view's glob non-empty (DuckDB refuses a glob that matches nothing),
 so a view created on an empty work dir still sees files written later.

@@ -1,7 +1,7 @@
 """Append records to the work dir's Parquet files, atomically.
 
-Each append writes new files (never rewrites one): data/<run_id>/<stage>/iter=<n>/<table>-<uuid>.parquet.
-A file is written under a hidden temp name in the same directory (`.<table>-<uuid>.parquet.tmp`), fsynced,
+Each append writes new files (never rewrites one): data/<run_id>/<stage>/iter=<n>/<table>-<time_ns>-<random>.parquet.
+A file is written under a hidden temp name in the same directory (`.<table>-<id>.parquet.tmp`), fsynced,
 renamed into place and the directory fsynced, so a crash never leaves a half-written file visible: the
 catalog's globs and the readers only see `<table>-*.parquet`. A trajectory batch writes its segments and
 calls first and its rollouts file last: a rollout row is visible only once its token arrays are.
@@ -10,6 +10,7 @@ calls first and its rollouts file last: a rollout row is visible only once its t
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -73,12 +74,29 @@ def ensure_schema_files(data_root: Path) -> None:
         write_parquet_atomic(schema.empty_table(), path)
 
 
+def new_batch_id() -> str:
+    """Sorts in write order (nanosecond clock first), unique across processes (random suffix)."""
+    return f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}"
+
+
+def remove_stale_temp_files(data_root: Path, older_than_s: float = 3600.0) -> list[Path]:
+    """Delete temp files that a crashed writer left behind (they are invisible to readers, but take space)."""
+    cutoff = time.time() - older_than_s
+    stale = [path for path in Path(data_root).glob(f"*/*/iter=*/.*.parquet{TEMP_SUFFIX}")
+             if path.stat().st_mtime < cutoff]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 class DatasetWriter:
     """Appends one run's records; `stage` names the pipeline stage that produced them."""
 
-    def __init__(self, work: WorkDir | Path, run_id: str):
+    def __init__(self, work: WorkDir | Path, run_id: str, row_group_bytes: int = ROW_GROUP_BYTES):
+        """`work`: a WorkDir, or the data root itself (<work>/data)."""
         self.data_root = work.data if isinstance(work, WorkDir) else Path(work)
         self.run_id = check_name("run id", run_id)
+        self.row_group_bytes = row_group_bytes
         ensure_schema_files(self.data_root)
 
     def directory(self, stage: str, iteration: int) -> Path:
@@ -89,7 +107,7 @@ class DatasetWriter:
     def _write(self, table_name: str, table: pa.Table, stage: str, iteration: int, batch_id: str) -> Path:
         check_table(table_name)
         path = self.directory(stage, iteration) / f"{table_name}-{batch_id}.parquet"
-        return write_parquet_atomic(table, path)
+        return write_parquet_atomic(table, path, self.row_group_bytes)
 
     @staticmethod
     def _now() -> datetime:
@@ -112,7 +130,7 @@ class DatasetWriter:
         paths = []
         now = self._now()
         for iteration, batch in sorted(by_iteration.items()):
-            batch_id = uuid.uuid4().hex
+            batch_id = new_batch_id()
             # rollouts last: its file is the commit marker of the batch
             paths.append(self._write("segments", codec.segments_table(batch, self.run_id, stage, now),
                                      stage, iteration, batch_id))
@@ -126,24 +144,24 @@ class DatasetWriter:
         if not outcomes:
             return None
         table = codec.outcomes_table(list(outcomes), self.run_id, stage, iteration, self._now())
-        return self._write("outcomes", table, stage, iteration, uuid.uuid4().hex)
+        return self._write("outcomes", table, stage, iteration, new_batch_id())
 
     def append_tasks(self, tasks: Sequence[Task], iteration: int = 0, stage: str = "tasks") -> Path | None:
         if not tasks:
             return None
         table = codec.tasks_table(list(tasks), self.run_id, stage, iteration, self._now())
-        return self._write("tasks", table, stage, iteration, uuid.uuid4().hex)
+        return self._write("tasks", table, stage, iteration, new_batch_id())
 
     def append_train_steps(self, steps: Sequence[codec.TrainStep], iteration: int,
                            stage: str = "train") -> Path | None:
         if not steps:
             return None
         table = codec.train_steps_table(list(steps), self.run_id, stage, iteration, self._now())
-        return self._write("train_steps", table, stage, iteration, uuid.uuid4().hex)
+        return self._write("train_steps", table, stage, iteration, new_batch_id())
 
     def append_eval_results(self, results: Sequence[codec.EvalResult], iteration: int,
                             stage: str = "evaluate") -> Path | None:
         if not results:
             return None
         table = codec.eval_results_table(list(results), self.run_id, stage, iteration, self._now())
-        return self._write("eval_results", table, stage, iteration, uuid.uuid4().hex)
+        return self._write("eval_results", table, stage, iteration, new_batch_id())
