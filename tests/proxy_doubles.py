@@ -1,0 +1,119 @@
+"""Test doubles for the proxy: a scripted engine that emits given replies, and a proxy on a background loop.
+
+The scripted engine stands beside the real TransformersEngine tests: a random tiny model cannot be made to
+write a tool call, so tool-call and harness-replay tests script the model's tokens while the real model tests
+cover the same server path with sampled tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from lego.config import SamplingConfig
+from lego.engine.base import GenerateResult, SamplingParams
+
+IM_END = 151645
+
+
+def tool_call_text(name: str, arguments: dict[str, Any], spaced: bool = True) -> str:
+    args = json.dumps(arguments) if spaced else json.dumps(arguments, separators=(",", ":"))
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+def assistant_text(content: str = "", calls: Iterable[tuple[str, dict[str, Any]]] = ()) -> str:
+    """What Qwen3 writes for a turn: the text, then each tool call on its own line (as the template renders it)."""
+    text = content
+    for name, arguments in calls:
+        text += ("\n" if text else "") + tool_call_text(name, arguments)
+    return text
+
+
+class ScriptedEngine:
+    """The Engine protocol, answering each generate() with the next scripted reply (text or token ids).
+
+    Log-probs are distinct per sampled token (so tests can tell them apart), routing is a deterministic function
+    of (token, position), and every prompt and result is kept for the tests to compare with the proxy's record.
+    """
+
+    def __init__(self, tokenizer, replies: Iterable[str | list[int]] = (), max_context: int = 32768,
+                 layers: int = 2, top_k: int = 2, experts: int = 4, delay_s: float = 0.0) -> None:
+        self.tokenizer = tokenizer
+        self.replies: deque[str | list[int]] = deque(replies)
+        self.max_context = max_context
+        self.eos_token_ids: tuple[int, ...] = (IM_END,)
+        self.policy_version = 0
+        self.layers, self.top_k, self.experts = layers, top_k, experts
+        self.delay_s = delay_s
+        self.prompts: list[list[int]] = []
+        self.results: list[GenerateResult] = []
+        self.samplings: list[SamplingParams] = []
+        self._counter = 0
+
+    def script(self, *replies: str | list[int]) -> None:
+        self.replies.extend(replies)
+
+    def routing(self, ids: list[int]) -> np.ndarray:
+        positions = np.arange(len(ids))[:, None, None]
+        layer = np.arange(self.layers)[None, :, None]
+        slot = np.arange(self.top_k)[None, None, :]
+        return ((np.asarray(ids)[:, None, None] + positions + layer * 3 + slot) % self.experts).astype(np.uint8)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        reply = self.replies.popleft() if self.replies else "ok"
+        if isinstance(reply, str):
+            tokens = self.tokenizer.encode(reply, add_special_tokens=False) + [IM_END]
+        else:
+            tokens = list(reply)
+        finish = "stop"
+        if len(tokens) > sampling.max_tokens:
+            tokens, finish = tokens[: sampling.max_tokens], "length"
+        logprobs = []
+        for _ in tokens:
+            self._counter += 1
+            logprobs.append(-0.001 * self._counter)
+        result = GenerateResult(token_ids=tokens, logprobs=logprobs,
+                                routed_experts=self.routing(list(prompt_ids) + tokens), finish_reason=finish,
+                                prompt_tokens=len(prompt_ids))
+        self.prompts.append(list(prompt_ids))
+        self.samplings.append(sampling)
+        self.results.append(result)
+        return result
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        return [0.0] * len(token_ids)
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None:
+        self.policy_version = policy_version
+
+
+class BackgroundProxy:
+    """A ProxyServer running on its own event loop thread, so sync clients (openai, anthropic) can call it."""
+
+    def __init__(self, engine, tokenizer, sampling: SamplingConfig | None = None) -> None:
+        from lego.proxy import ProxyServer
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = ProxyServer(engine, tokenizer, sampling or SamplingConfig(max_tokens=256))
+        self.run(self.server.start())
+
+    def run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=300)
+
+    def open_session(self, label: str = ""):
+        return self.server.open_session(label)
+
+    def close(self) -> None:
+        self.run(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
