@@ -8,7 +8,13 @@ import pytest
 
 from lego.data.catalog import Catalog
 from lego.data.codec import EvalResult, TrainStep
-from lego.data.reader import iter_segment_batches, iter_trajectories, read_outcomes, read_tasks, read_trajectories
+from lego.data.reader import (
+    iter_segment_batches,
+    iter_trajectories,
+    read_outcomes,
+    read_tasks,
+    read_trajectories,
+)
 from lego.data.synthetic import synthetic_trajectory
 from lego.data.writer import DatasetWriter
 from lego.records import Outcome, OutcomeKind, Segment, SegmentReason, TerminationReason
