@@ -14,7 +14,8 @@ How a request becomes tokens (the heart of tokens in / tokens out):
   * All of the branch known and nothing after it: the branch is extended (call kind `extend`).
   * Only part of it known (a harness dropped a bad reply, retried a call, compacted or edited history): the branch
     is left as it is, a closed record of what was sampled and shown, and a new branch starts from the common
-    checkpoint with a copy of its tokens (kind `rewrite`, segment reason `rewrite`). mini-swe-agent's dropped
+    checkpoint with a copy of its tokens (kind `rewrite`, segment reason `rewrite`). The copy is context only
+    (mask 0): each sampled token has mask 1 in exactly one segment, the one it was sampled in. mini-swe-agent's dropped
     malformed reply thus stays in the old segment with its mask-1 tokens, and the continuing segment holds only
     tokens the model sampled or was shown, in the order it saw them.
   * Nothing known: a new branch from scratch (kind `start` for a thread's first call, else `rewrite`).
@@ -69,9 +70,11 @@ class Branch:
     def fork(self, checkpoint: Checkpoint) -> Branch:
         branch = Branch(self.thread, SegmentReason.rewrite)
         end = checkpoint.position
+        # The copied prefix is context here: its sampled tokens keep mask 1 only in the segment they were
+        # sampled in, so every sampled token is trained exactly once.
         branch.token_ids = self.token_ids[:end]
-        branch.mask = self.mask[:end]
-        branch.logprobs = self.logprobs[:end]
+        branch.mask = [0] * end
+        branch.logprobs = [0.0] * end
         if self.routing and self.routing_rows:
             rows = np.concatenate(self.routing, axis=0)[: min(end, self.routing_rows)]
             branch.routing, branch.routing_rows = [rows], len(rows)
