@@ -160,7 +160,66 @@ def tasks_validate(config: ConfigOption = "default", overrides: Overrides = None
 @data_app.command("show")
 def data_show(config: ConfigOption = "default", overrides: Overrides = None) -> None:
     """Tables, sizes and per-iteration summaries of the DuckDB catalog."""
-    _not_built("token datasets")
+    from lego.data.catalog import Catalog
+
+    cfg, work = _load(config, overrides)
+    out = Console()
+    with Catalog.open(work, cfg) as catalog:
+        out.print(f"data: {work.data}   catalog: {catalog.path or 'in memory (catalog file locked)'}")
+        tables = Table(title="tables")
+        for column in ("table", "files", "on disk", "rows", "bytes/row"):
+            tables.add_column(column, justify="left" if column == "table" else "right")
+        entries = catalog.table_files()
+        for entry in entries:
+            rows = catalog.one(f"SELECT count(*) FROM {entry.table}")[0]
+            per_row = f"{entry.bytes / rows:,.0f}" if rows else "-"
+            tables.add_row(entry.table, str(entry.files), _human_bytes(entry.bytes), f"{rows:,}", per_row)
+        out.print(tables)
+        tokens = catalog.one("SELECT coalesce(sum(num_tokens), 0) FROM segments")[0]
+        segment_bytes = sum(e.bytes for e in entries if e.table == "segments")
+        if tokens:
+            out.print(f"segments: {tokens:,} tokens, {segment_bytes / tokens:.1f} bytes/token on disk (routing included)")
+        summary = catalog.rows("SELECT * FROM iteration_summary ORDER BY run_id, stage, iteration")
+        iterations = Table(title="per iteration")
+        columns = ("run_id", "stage", "iteration", "rollouts", "tokens", "resolved", "unresolved", "cheat",
+                   "infra_error", "ungraded", "mean_reward")
+        for column in columns:
+            iterations.add_column(column, justify="left" if column in ("run_id", "stage") else "right")
+        for row in summary:
+            mean = row["mean_reward"]
+            iterations.add_row(*(f"{row[c]:,}" if isinstance(row[c], int) else str(row[c]) for c in columns[:-1]),
+                               "-" if mean is None else f"{mean:.3f}")
+        if summary:
+            out.print(iterations)
+        else:
+            out.print("no rollouts stored yet")
+
+
+def _human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} TB"
+
+
+@data_app.command("export")
+def data_export(
+    run_id: Annotated[str, typer.Option("--run", help="The run id whose data to export.")],
+    iteration: Annotated[int, typer.Option("--iteration", help="The iteration whose training batch to export.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write rl_dataset.parquet and batch.npz to.")],
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+) -> None:
+    """Export a run's tasks as verl's RL parquet and an iteration's training batch as verl actor tensors."""
+    from lego.data.catalog import Catalog
+    from lego.data.export import export_iteration
+
+    cfg, work = _load(config, overrides)
+    with Catalog.open(work, cfg) as catalog:
+        summary = export_iteration(catalog, run_id, iteration, out)
+    print(json.dumps(summary, indent=2))
 
 
 @app.command()
