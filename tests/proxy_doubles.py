@@ -117,3 +117,57 @@ class BackgroundProxy:
         self.run(self.server.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+
+
+class RecordingEngine:
+    """Wraps a real engine and keeps every prompt and result, to compare with the proxy's record."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.max_context = inner.max_context
+        self.eos_token_ids = inner.eos_token_ids
+        self.policy_version = inner.policy_version
+        self.prompts: list[list[int]] = []
+        self.results: list[GenerateResult] = []
+        self.samplings: list[SamplingParams] = []
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        result = await self.inner.generate(prompt_ids, sampling)
+        self.prompts.append(list(prompt_ids))
+        self.samplings.append(sampling)
+        self.results.append(result)
+        return result
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        return await self.inner.score(token_ids)
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None:
+        self.inner.load_checkpoint(path, policy_version)
+
+
+def check_fidelity(session, engine) -> tuple[list, list]:
+    """The proxy's record against what the engine did (engine: ScriptedEngine or RecordingEngine)."""
+    segments, calls = session.trajectory_parts()
+    served = [call for call in calls if call.error is None]
+    assert len(served) == len(engine.results)
+    for call, prompt, result in zip(served, engine.prompts, engine.results, strict=True):
+        segment = segments[call.segment_index]
+        n, k = len(prompt), len(result.token_ids)
+        assert segment.token_ids[:n].tolist() == prompt
+        assert segment.token_ids[n:n + k].tolist() == result.token_ids
+        assert segment.response_mask[n:n + k].tolist() == [1] * k
+        np.testing.assert_array_equal(segment.logprobs[n:n + k], np.asarray(result.logprobs, dtype=np.float32))
+        np.testing.assert_array_equal(segment.routed_experts[n:n + k], result.routed_experts[n:n + k])
+        assert call.prompt_tokens == n and call.completion_tokens == k
+    # mask 1 exactly on sampled tokens: each sampled token once, nothing else
+    assert sum(s.num_sampled for s in segments) == sum(len(r.token_ids) for r in engine.results)
+    for segment in segments:
+        assert not segment.logprobs[segment.response_mask == 0].any()
+        assert segment.token_ids.dtype == np.int32 and segment.response_mask.dtype == np.uint8
+        assert segment.routed_experts.dtype == np.uint8 and segment.routed_experts.shape[1:] == (2, 2)
+    main_calls = [(c, i) for i, c in enumerate(served) if c.kind != "subagent"]
+    last, index = main_calls[-1]
+    final = segments[last.segment_index]
+    assert final.thread == "main"
+    assert final.token_ids.tolist() == engine.prompts[index] + engine.results[index].token_ids
+    return segments, calls

@@ -13,9 +13,8 @@ import json
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
-from proxy_doubles import BackgroundProxy, ScriptedEngine, assistant_text
+from proxy_doubles import BackgroundProxy, ScriptedEngine, assistant_text, check_fidelity
 
 CAPTURES = Path("/work/shared/notes/harness-captures")
 
@@ -51,33 +50,6 @@ def post(session, path: str, body: dict) -> httpx.Response:
 def sse_events(response: httpx.Response) -> list[dict]:
     return [json.loads(line[6:]) for line in response.text.splitlines()
             if line.startswith("data: ") and line != "data: [DONE]"]
-
-
-def check_fidelity(session, engine: ScriptedEngine) -> tuple[list, list]:
-    segments, calls = session.trajectory_parts()
-    served = [call for call in calls if call.error is None]
-    assert len(served) == len(engine.results)
-    for call, prompt, result in zip(served, engine.prompts, engine.results, strict=True):
-        segment = segments[call.segment_index]
-        n, k = len(prompt), len(result.token_ids)
-        assert segment.token_ids[:n].tolist() == prompt
-        assert segment.token_ids[n:n + k].tolist() == result.token_ids
-        assert segment.response_mask[n:n + k].tolist() == [1] * k
-        np.testing.assert_array_equal(segment.logprobs[n:n + k], np.asarray(result.logprobs, dtype=np.float32))
-        np.testing.assert_array_equal(segment.routed_experts[n:n + k], result.routed_experts[n:n + k])
-        assert call.prompt_tokens == n and call.completion_tokens == k
-    # mask 1 exactly on sampled tokens: each sampled token once, nothing else
-    assert sum(s.num_sampled for s in segments) == sum(len(r.token_ids) for r in engine.results)
-    for segment in segments:
-        assert not segment.logprobs[segment.response_mask == 0].any()
-        assert segment.token_ids.dtype == np.int32 and segment.response_mask.dtype == np.uint8
-        assert segment.routed_experts.dtype == np.uint8 and segment.routed_experts.shape[1:] == (2, 2)
-    main_calls = [(c, i) for i, c in enumerate(served) if c.kind != "subagent"]
-    last, index = main_calls[-1]
-    final = segments[last.segment_index]
-    assert final.thread == "main"
-    assert final.token_ids.tolist() == engine.prompts[index] + engine.results[index].token_ids
-    return segments, calls
 
 
 def kinds(calls) -> list[str]:
