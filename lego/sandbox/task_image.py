@@ -1,0 +1,129 @@
+"""Task images: the repository at base_commit baked onto the base image, built once, cached by content.
+
+Anti-cheat at build time: the repository appears as a single commit whose tree is base_commit's tree —
+no later history, no other refs, no reflog, no objects from any other commit. The tests of the task's
+test_patch are never in it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import socket
+import tarfile
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound
+
+from lego.cache import content_hash, sha256_file
+from lego.errors import ImageBuildError
+from lego.sandbox.docker_sandbox import SNAPSHOT
+from lego.tasksets.task import Task
+
+TASK_REPOSITORY = "lego-task"
+BUILD_VERSION = "2"
+
+SANITIZE = """
+set -e
+rm -rf {snap} && mkdir -p {snap}
+git -C /tmp/lego-src archive {base} | tar -x -C {snap}
+cd {snap}
+git init -q
+git add -A
+GIT_AUTHOR_DATE=@1000000000 GIT_COMMITTER_DATE=@1000000000 git commit -q --allow-empty -m "base commit {base}"
+git reflog expire --expire=now --all
+git gc -q --prune=now
+printf %s {base} > /opt/lego/base_commit
+rm -rf /tmp/lego-src /tmp/lego-src.bundle
+"""
+
+
+def task_image_tag(task: Task, base_image: str, taskset_root: Path | None) -> str:
+    env = task.environment
+    parts = [BUILD_VERSION, base_image, env.model_dump_json(), task.base_commit, SANITIZE]
+    if env.kind == "bundle":
+        parts.append(sha256_file(_bundle_path(task, taskset_root)))
+    return f"{TASK_REPOSITORY}:{content_hash(*parts, length=16)}"
+
+
+def _bundle_path(task: Task, taskset_root: Path | None) -> Path:
+    if not task.environment.bundle:
+        raise ImageBuildError(f"task {task.instance_id} has environment.kind=bundle but no environment.bundle path")
+    path = Path(task.environment.bundle)
+    if not path.is_absolute() and taskset_root is not None:
+        path = taskset_root / path
+    if not path.is_file():
+        raise ImageBuildError(f"task {task.instance_id}: git bundle {path} not found")
+    return path
+
+
+def _tar_single(name: str, data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str,
+                      taskset_root: Path | None = None) -> str:
+    """The task's image tag; built when missing."""
+    tag = task_image_tag(task, base_image, taskset_root)
+    try:
+        client.images.get(tag)
+        return tag
+    except ImageNotFound:
+        pass
+    env = task.environment
+    source_image = env.image if env.kind == "image" else base_image
+    if env.kind == "dockerfile":
+        if not env.dockerfile_dir:
+            raise ImageBuildError(f"task {task.instance_id}: environment.kind=dockerfile needs dockerfile_dir")
+        try:
+            source_image, _ = client.images.build(path=env.dockerfile_dir, tag=f"{tag}-env", network_mode="none")
+            source_image = source_image.id
+        except (APIError, DockerException) as exc:
+            raise ImageBuildError(f"task {task.instance_id}: building {env.dockerfile_dir} failed: {exc}") from exc
+    if not source_image:
+        raise ImageBuildError(f"task {task.instance_id}: environment.kind=image needs environment.image")
+    try:
+        container = client.containers.create(source_image, ["sleep", "infinity"], network_mode="none",
+                                              labels={"lego.sandbox": "build", "lego.owner_pid": str(os.getpid()),
+                                                      "lego.host": socket.gethostname()})
+    except (APIError, DockerException) as exc:
+        raise ImageBuildError(f"task {task.instance_id}: cannot start {source_image}: {exc}") from exc
+    try:
+        container.start()
+        if env.kind == "bundle":
+            bundle = _bundle_path(task, taskset_root).read_bytes()
+            container.put_archive("/tmp", _tar_single("lego-src.bundle", bundle))
+            fetch = "git clone -q --no-checkout /tmp/lego-src.bundle /tmp/lego-src"
+        else:
+            # The image holds the repo (with its full history) at workdir: take only base_commit's tree.
+            fetch = f"mv {shlex.quote(env.workdir)} /tmp/lego-src"
+        script = "mkdir -p /opt/lego\n" + fetch + "\n" + SANITIZE.format(snap=SNAPSHOT, base=shlex.quote(task.base_commit))
+        script += "".join(f"\n(cd {SNAPSHOT} && {command})" for command in env.setup_commands)
+        code, output = container.exec_run(["bash", "-c", script])
+        if code != 0:
+            raise ImageBuildError(
+                f"task {task.instance_id}: preparing the repository at {task.base_commit} failed "
+                f"(exit {code}): {output.decode(errors='replace')[-1500:]}"
+            )
+        container.stop(timeout=1)
+        repository, version = tag.split(":")
+        container.commit(repository=repository, tag=version,
+                         conf={"Labels": {"lego.task": task.instance_id,
+                                          "lego.meta": json.dumps({"base_commit": task.base_commit})},
+                               "Cmd": ["sleep", "infinity"]})
+    except (APIError, DockerException) as exc:
+        raise ImageBuildError(f"task {task.instance_id}: building its image failed: {exc}") from exc
+    finally:
+        try:
+            container.remove(force=True)
+        except (APIError, DockerException):
+            pass
+    return tag

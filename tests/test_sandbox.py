@@ -1,0 +1,133 @@
+"""The Docker sandbox backend and task images, against the real engine."""
+
+from __future__ import annotations
+
+import pytest
+from repo_fixtures import CALC_BUGGY, make_calc_task
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def calc_task(tmp_path_factory):
+    return make_calc_task(tmp_path_factory.mktemp("calc"))
+
+
+@pytest.fixture(scope="module")
+def calc_image(docker_engine, base_image, calc_task):
+    from lego.sandbox.task_image import ensure_task_image
+
+    return ensure_task_image(docker_engine.client, calc_task, base_image)
+
+
+@pytest.fixture(scope="module")
+def factory(docker_engine, lego_config):
+    from lego.sandbox.docker_sandbox import DockerSandboxFactory
+
+    return DockerSandboxFactory(docker_engine.client, lego_config.sandbox)
+
+
+def test_task_image_is_cached_by_content(docker_engine, base_image, calc_task, calc_image):
+    from lego.sandbox.task_image import ensure_task_image
+
+    assert ensure_task_image(docker_engine.client, calc_task, base_image) == calc_image
+
+
+def test_repo_is_a_single_commit_with_no_later_history(factory, calc_image, calc_task):
+    with factory.open(calc_image) as sandbox:
+        assert sandbox.exec("cat calc.py").output == CALC_BUGGY
+        log = sandbox.exec("git log --all --oneline | wc -l; git for-each-ref | wc -l; git reflog | wc -l; "
+                           "git stash list | wc -l").output.split()
+        assert log == ["1", "1", "0", "0"]
+        # No object of any later commit: neither the fix nor its message is findable.
+        hunt = sandbox.exec("git fsck --lost-found --unreachable 2>&1; git cat-file --batch-all-objects "
+                            "--batch | grep -a -c -e SECRET-FIX -e 'a + b$' || true").output
+        assert hunt.strip().endswith("0")
+        # The hidden test (from test_patch) is not there.
+        assert "test_add" not in sandbox.exec("cat tests/test_calc.py").output
+        assert calc_task.base_commit in sandbox.exec("cat /opt/lego/base_commit").output
+
+
+def test_exec_timeout_output_cap_and_exit_codes(factory, calc_image, lego_config):
+    with factory.open(calc_image) as sandbox:
+        assert sandbox.exec("exit 3").exit_code == 3
+        slow = sandbox.exec("sleep 30", timeout=1)
+        assert slow.timed_out and slow.exit_code != 0
+        # Children die with the command: nothing keeps sleeping.
+        assert "sleep 30" not in sandbox.exec("ps -eo args").output
+        noisy = sandbox.exec("yes lego | head -c 50000000")
+        assert noisy.truncated and len(noisy.output) <= lego_config.sandbox.output_limit_bytes
+
+
+def test_put_get_and_diff_against_the_pristine_snapshot(factory, calc_image):
+    with factory.open(calc_image) as sandbox:
+        payload = bytes(range(256)) * 1000
+        sandbox.put_file("/repo/data/blob.bin", payload)
+        assert sandbox.get_file("/repo/data/blob.bin") == payload
+        sandbox.exec("sed -i 's/a - b/a + b/' calc.py && rm -rf .git")  # even a deleted .git does not hide changes
+        diff = sandbox.diff()
+        assert "-    return a - b" in diff and "+    return a + b" in diff
+        assert "data/blob.bin" in diff and "GIT binary patch" in diff
+
+
+def test_no_network_read_only_root_and_capped_disk(factory, calc_image, lego_config):
+    with factory.open(calc_image) as sandbox:
+        assert sandbox.exec("ls /sys/class/net").output.split() == ["lo"]
+        assert sandbox.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 3)\"").exit_code != 0
+        assert sandbox.exec("touch /usr/lib/python3/dist-packages/sitecustomize.py").exit_code != 0
+        fill = sandbox.exec(f"dd if=/dev/zero of=/repo/big bs=1M count={lego_config.sandbox.disk_limit_mb + 200}")
+        assert fill.exit_code != 0 and "No space left" in fill.output
+
+
+def test_fork_bomb_is_contained(factory, calc_image, lego_config):
+    with factory.open(calc_image) as sandbox:
+        result = sandbox.exec(":(){ :|:& };:", timeout=5)
+        assert "Resource temporarily unavailable" in result.output or result.timed_out
+        stats = sandbox.container.stats(stream=False)
+        assert stats["pids_stats"].get("current", 0) <= lego_config.sandbox.pids_limit
+    with factory.open(calc_image) as sandbox:
+        assert sandbox.exec("echo alive").output.strip() == "alive"
+
+
+def test_sandboxes_are_removed_on_close_exception_and_reaped_when_stale(docker_engine, factory, calc_image):
+    from lego.sandbox.docker_sandbox import LABEL, reap_stale_containers
+
+    with pytest.raises(RuntimeError):
+        with factory.open(calc_image) as sandbox:
+            name = sandbox.name
+            raise RuntimeError("boom")
+    assert not docker_engine.client.containers.list(all=True, filters={"name": name})
+    # A container whose owner process is gone (as after SIGKILL) is reaped at the next start.
+    orphan = docker_engine.client.containers.run(calc_image, ["sleep", "infinity"], detach=True, network_mode="none",
+                                                 labels={LABEL: "1", "lego.owner_pid": "999999999"})
+    assert orphan.name in reap_stale_containers(docker_engine.client)
+    assert not docker_engine.client.containers.list(all=True, filters={"name": orphan.name})
+
+
+def test_proxy_channel_through_unix_socket_and_loopback_relay(factory, calc_image, tmp_path):
+    import socket
+    import threading
+
+    socket_dir = tmp_path / "proxy"
+    socket_dir.mkdir()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(socket_dir / "proxy.sock"))
+    server.listen(4)
+
+    def answer():  # the relay's readiness probe also connects: serve every connection
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            if connection.recv(4096):
+                connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            connection.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    with factory.open(calc_image, proxy_socket_dir=socket_dir) as sandbox:
+        url = sandbox.start_proxy_relay("proxy.sock", 8765)
+        result = sandbox.exec(f"python3 -c \"import urllib.request; print(urllib.request.urlopen('{url}/x').read())\"",
+                              timeout=30)
+        assert "hello" in result.output
+    server.close()
