@@ -199,12 +199,12 @@ class DockerSandbox:
     def diff(self) -> str:
         """Changes of the working tree against the pristine snapshot (whatever the agent did to .git)."""
         script = (
-            "set -e; export GIT_DIR=%(snap)s/.git GIT_WORK_TREE=%(wd)s GIT_INDEX_FILE=/tmp/.lego-diff-index "
-            "GIT_OBJECT_DIRECTORY=/tmp/.lego-diff-objects GIT_ALTERNATE_OBJECT_DIRECTORIES=%(snap)s/.git/objects; "
+            f"set -e; export GIT_DIR={SNAPSHOT}/.git GIT_WORK_TREE={self.workdir} GIT_INDEX_FILE=/tmp/.lego-diff-index "
+            f"GIT_OBJECT_DIRECTORY=/tmp/.lego-diff-objects GIT_ALTERNATE_OBJECT_DIRECTORIES={SNAPSHOT}/.git/objects; "
             "rm -rf $GIT_INDEX_FILE $GIT_OBJECT_DIRECTORY; mkdir -p $GIT_OBJECT_DIRECTORY; "
             "git add -A . >/dev/null 2>&1; git diff --cached --binary HEAD; "
             "rm -rf $GIT_INDEX_FILE $GIT_OBJECT_DIRECTORY"
-        ) % {"snap": SNAPSHOT, "wd": self.workdir}
+        )
         result = self.exec(script, timeout=120, output_limit=64 << 20)
         if result.exit_code != 0:
             raise SandboxError(f"computing the diff in {self.name} failed: {result.output[-500:]}")
