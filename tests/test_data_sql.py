@@ -11,6 +11,7 @@ import torch
 from lego.config import LegoConfig
 from lego.data.batches import iter_training_samples, training_batch_fields
 from lego.data.catalog import Catalog
+from lego.data.queries import kept_task_ids
 from lego.data.sql import SQLTemplateError, load_sql, sql_literal
 from lego.data.synthetic import synthetic_trajectory
 from lego.data.writer import DatasetWriter
@@ -75,6 +76,8 @@ def test_difficulty_window_default_and_configured(tmp_path):
     narrow = LegoConfig.model_validate({"filter": {"attempts": 4, "min_solved": 2, "max_solved": 2}})
     kept = {task for task, (_, _, verdict) in difficulty(work, narrow).items() if verdict == "keep"}
     assert kept == {"half"}
+    with Catalog.open(work, LegoConfig()) as catalog:
+        assert kept_task_ids(catalog, "run") == ["half", "one-of-four", "three-of-four"]
     other_temperature = LegoConfig.model_validate({"sampling": {"temperature": 0.2}})
     assert difficulty(work, other_temperature)["half"] == (4, 4, "too_easy")
 
@@ -137,6 +140,9 @@ def test_advantages_match_hand_computed_and_verl(tmp_path, norm):
     assert {s.rollout_id for s in samples} == {row["rollout_id"] for row in kept}
     fields = training_batch_fields(samples)
     assert len(fields["input_ids"]) == len(kept) and fields["routed_experts"][0].dtype == np.uint8
+    from lego.train.trainer import TrainBatch
+
+    assert len(TrainBatch(**fields)) == len(kept)
 
 
 def test_single_sample_groups_follow_verl_when_allowed(tmp_path):
