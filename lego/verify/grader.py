@@ -1,0 +1,191 @@
+"""Grading in a fresh sandbox; the outcome taxonomy; infra failures told apart and retried.
+
+Grading never runs in the agent's sandbox. A fresh container from the clean task image gets the agent's
+diff (screened: test files and test configuration dropped and flagged), then the task's test_patch, then
+runs the FAIL_TO_PASS and PASS_TO_PASS tests with `pytest -rA`, graded with the swebench package's log
+parser and report functions. Failures of the machinery (image, container, daemon, a test patch that does
+not apply, a runner that crashed or collected nothing, an OOM kill, a verifier timeout) are infra_error:
+retried, and never reward 0.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+
+import docker
+from docker.errors import DockerException
+
+from lego.config import SandboxConfig, VerifyConfig
+from lego.errors import ImageBuildError
+from lego.records import Outcome, OutcomeKind, TerminationReason, Trajectory
+from lego.sandbox.docker_sandbox import DockerSandbox, DockerSandboxFactory, SandboxError
+from lego.sandbox.task_image import ensure_task_image
+from lego.tasksets.task import Task
+from lego.verify.cheat import network_attempts, scan_actions, screen_diff
+
+START = ">>>>> Start Test Output"
+END = ">>>>> End Test Output"
+RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
+                      5: "no tests collected"}
+TERMINATION_OUTCOME = {
+    TerminationReason.timeout: OutcomeKind.agent_timeout,
+    TerminationReason.overlong: OutcomeKind.overlong,
+    TerminationReason.env_setup_failed: OutcomeKind.infra_error,
+    TerminationReason.harness_crash: OutcomeKind.infra_error,
+}
+
+
+class InfraFailure(Exception):
+    """Grading could not be done for reasons that are not the agent's."""
+
+    def __init__(self, check: str, message: str, log: str = "", exit_code: int | None = None):
+        super().__init__(message)
+        self.check = check
+        self.log = log
+        self.exit_code = exit_code
+
+
+def test_files_of(task: Task) -> list[str]:
+    files = [test.split("::")[0] for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]]
+    return sorted(dict.fromkeys(f for f in files if f))
+
+
+def grade_log(log: str, task: Task) -> tuple[bool, dict]:
+    from swebench.harness.constants import ResolvedStatus
+    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+    from swebench.harness.log_parsers.python import parse_log_pytest
+
+    body = log.split(START, 1)[-1].split(END, 1)[0]
+    status = parse_log_pytest(body, None)
+    report = get_eval_tests_report(status, {"FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS})
+    resolution = get_resolution_status(report)
+    return resolution == ResolvedStatus.FULL.value, {"resolution": resolution, "report": report,
+                                                     "tests_seen": len(status)}
+
+
+class Verifier:
+    def __init__(self, client: docker.DockerClient, base_image: str, sandbox_config: SandboxConfig,
+                 verify_config: VerifyConfig, factory: DockerSandboxFactory | None = None):
+        self.client = client
+        self.base_image = base_image
+        self.config = verify_config
+        self.factory = factory or DockerSandboxFactory(client, sandbox_config)
+
+    # ------------------------------------------------------------------------------------------ public
+
+    def verify(self, task: Task, trajectory: Trajectory | None = None, *, diff: str | None = None,
+               actions: list[str] | None = None, taskset_root: Path | None = None) -> Outcome:
+        """Grade a rollout (its final diff), retrying infra failures; never raises for the agent's doing."""
+        rollout_id = trajectory.rollout_id if trajectory else f"{task.instance_id}:adhoc"
+        if diff is None:
+            diff = trajectory.final_diff if trajectory else ""
+        if actions is None and trajectory is not None:
+            actions = list(trajectory.metadata.get("actions", []))
+        if trajectory is not None and trajectory.termination in TERMINATION_OUTCOME:
+            kind = TERMINATION_OUTCOME[trajectory.termination]
+            return Outcome(rollout_id, task.instance_id, kind,
+                           evidence={"check": f"termination:{trajectory.termination.value}",
+                                     "error": trajectory.error})
+        last: Outcome | None = None
+        for attempt in range(1, self.config.infra_retries + 2):
+            try:
+                outcome = self._grade_once(task, diff, actions or [], taskset_root, rollout_id)
+            except InfraFailure as failure:
+                outcome = Outcome(rollout_id, task.instance_id, OutcomeKind.infra_error,
+                                  evidence={"check": failure.check, "error": str(failure)},
+                                  test_log=failure.log, exit_code=failure.exit_code)
+            except (SandboxError, ImageBuildError, DockerException, OSError) as exc:
+                outcome = Outcome(rollout_id, task.instance_id, OutcomeKind.infra_error,
+                                  evidence={"check": "sandbox", "error": f"{type(exc).__name__}: {exc}"})
+            outcome.attempts = attempt
+            if outcome.kind != OutcomeKind.infra_error:
+                return outcome
+            last = outcome
+        assert last is not None
+        return last
+
+    # ------------------------------------------------------------------------------------------ steps
+
+    def _grade_once(self, task: Task, diff: str, actions: list[str], taskset_root: Path | None,
+                    rollout_id: str) -> Outcome:
+        image = ensure_task_image(self.client, task, self.base_image, taskset_root)
+        screening = screen_diff(diff, task)
+        evidence: dict = {
+            "dropped_files": [part.path for part in screening.dropped],
+            "network_attempts": network_attempts(actions),
+        }
+        started = time.monotonic()
+        with self.factory.open(image, task.environment.workdir, purpose="verify",
+                               labels={"lego.task": task.instance_id}) as sandbox:
+            base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
+            rules = dict(screening.rules)
+            for rule, items in scan_actions(actions, task, base_files).items():
+                rules.setdefault(rule, []).extend(items)
+            if screening.kept:
+                applied = self._apply(sandbox, screening.patch, "/tmp/lego-agent.patch")
+                if applied.exit_code != 0:
+                    evidence.update(check="agent_patch_does_not_apply", apply_output=applied.output[-2000:])
+                    return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
+            log, code = self._run_tests(sandbox, task, "with the agent's patch")
+            origin = sandbox.exec("python3 -c 'import pytest; print(pytest.__file__)'", timeout=60).output.strip()
+            if not origin.startswith("/usr/"):
+                rules.setdefault("grading_tampered", []).append(f"pytest imported from {origin}")
+        if code in RUNNER_CRASH_CODES:
+            # Did the agent's patch break collection, or is the task/runner broken? A control run decides.
+            control_log, control_code = self._control_run(task, image)
+            if control_code in RUNNER_CRASH_CODES:
+                raise InfraFailure("runner_crashed",
+                                   f"pytest exited {code} ({RUNNER_CRASH_CODES[code]}) also without the agent's patch",
+                                   log, code)
+            evidence.update(check="runner_crash_caused_by_patch", control_exit_code=control_code)
+            return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, log, code)
+        resolved, grading = grade_log(log, task)
+        evidence.update(grading, check="tests", grade_seconds=round(time.monotonic() - started, 3))
+        kind = OutcomeKind.resolved if resolved else OutcomeKind.unresolved
+        return self._outcome(rollout_id, task, kind, rules, evidence, log, code)
+
+    def _outcome(self, rollout_id: str, task: Task, kind: OutcomeKind, rules: dict, evidence: dict, log: str,
+                 code: int | None) -> Outcome:
+        if rules:
+            evidence["tests_alone_would_give"] = kind.value
+            evidence["check"] = "cheat_rules"
+            kind = OutcomeKind.cheat
+        evidence["cheat_evidence"] = rules
+        return Outcome(rollout_id, task.instance_id, kind, cheat_rules=sorted(rules), evidence=evidence,
+                       test_log=log[-200_000:], exit_code=code)
+
+    def _apply(self, sandbox: DockerSandbox, patch: str, path: str):
+        sandbox.put_file(path, patch.encode())
+        return sandbox.exec(f"git apply --whitespace=nowarn {path} 2>&1 || patch -p1 --forward --batch < {path}",
+                            timeout=120)
+
+    def _run_tests(self, sandbox: DockerSandbox, task: Task, label: str) -> tuple[str, int]:
+        if task.test_patch.strip():
+            applied = self._apply(sandbox, task.test_patch, "/tmp/lego-test.patch")
+            if applied.exit_code != 0:
+                raise InfraFailure("test_patch_does_not_apply",
+                                   f"the task's test_patch does not apply {label}: {applied.output[-1500:]}")
+        files = " ".join(shlex.quote(f) for f in test_files_of(task))
+        command = (f"echo '{START}'; {task.test_command} {files} 2>&1; code=$?; echo '{END}'; "
+                   f"echo LEGO_EXIT=$code; exit $code")
+        result = sandbox.exec(command, timeout=self.config.timeout_s)
+        if result.timed_out:
+            raise InfraFailure("verifier_timeout", f"the tests ran past {self.config.timeout_s:g}s", result.output,
+                               result.exit_code)
+        if result.exit_code == 137:
+            raise InfraFailure("oom_killed", "the test run was killed (exit 137: out of memory)", result.output, 137)
+        if END not in result.output:
+            raise InfraFailure("runner_crashed", f"the test run ended without its end marker (exit {result.exit_code})",
+                               result.output, result.exit_code)
+        return result.output, result.exit_code
+
+    def _control_run(self, task: Task, image: str) -> tuple[str, int]:
+        with self.factory.open(image, task.environment.workdir, purpose="verify-control") as sandbox:
+            return self._run_tests(sandbox, task, "without the agent's patch")
+
+
+def verify_patch(verifier: Verifier, task: Task, patch: str, taskset_root: Path | None = None) -> Outcome:
+    """Grade a bare patch (gold or empty): used by `lego tasks validate`."""
+    return verifier.verify(task, diff=patch, actions=[], taskset_root=taskset_root)
