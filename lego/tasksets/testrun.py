@@ -47,7 +47,8 @@ def run_pytest(repo_dir: Path, test_ids: Iterable[str] | None = None, timeout_s:
     if ids:
         # Only the files: selecting node ids one by one breaks when an id is no longer collected.
         cmd += sorted({test_id.split("::", 1)[0] for test_id in ids})
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0")
+    # A wide terminal keeps the assertion messages in the short summary from being cut.
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0", COLUMNS="400")
     env.pop("PYTEST_ADDOPTS", None)
     try:
         proc = subprocess.run(cmd, cwd=repo_dir, env=env, capture_output=True, text=True, timeout=timeout_s)
