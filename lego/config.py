@@ -155,10 +155,17 @@ class EvalConfig(Section):
     every: int = Field(1, ge=1)
     samples_per_task: int = Field(1, ge=1)
     confidence: float = Field(0.95, gt=0, lt=1)
+    limit: int | None = Field(None, ge=1)  # evaluation tasks (None: the whole eval split)
 
 
 class PipelineConfig(Section):
     iterations: int = Field(1, ge=1)
+    # How rollouts fan out: Prefect's thread pool, or Ray (prefect-ray) where installed.
+    task_runner: Literal["thread", "ray"] = "thread"
+    rollout_shards: int = Field(1, ge=1)  # rollout requests are split into this many Prefect tasks
+    ray_address: str | None = None  # None: a local Ray; "auto" or ray://host:10001 for a cluster
+    # "package.module:Class" to replace the real rollout/grading stack (tests); None: the real one.
+    runner: str | None = None
 
 
 class TrackingConfig(Section):
@@ -169,7 +176,8 @@ class TrackingConfig(Section):
 
 class ScheduleConfig(Section):
     cron: str = "0 3 * * *"
-    stages: dict[str, str] = Field(default_factory=dict)
+    stages: dict[str, str] = Field(default_factory=dict)  # stage name -> cron, run from the latest run
+    interval_s: float | None = Field(None, gt=0)  # instead of cron for the pipeline (tests, tight loops)
 
 
 class LegoConfig(Section):

@@ -1,0 +1,118 @@
+"""Stage artifacts: a directory per (stage, key), complete once its result.json exists."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from lego.config import LegoConfig
+from lego.pipeline.keys import code_version, key_of
+from lego.workdir import WorkDir
+
+RESULT_FILE = "result.json"
+
+
+class StageResult(BaseModel):
+    stage: str
+    iteration: int | None = None
+    key: str
+    path: str  # the artifact directory
+    cached: bool = False  # served from an earlier computation (set when loaded, never stored as True)
+    inputs: dict[str, Any] = Field(default_factory=dict)  # what the key was computed from
+    metrics: dict[str, float] = Field(default_factory=dict)
+    outputs: dict[str, str] = Field(default_factory=dict)  # name -> file or directory
+    data: dict[str, Any] = Field(default_factory=dict)  # stage-specific values (data run id, policy ...)
+    seconds: float = 0.0
+    created_at: str = ""
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.path)
+
+    def label(self) -> str:
+        return self.stage if self.iteration is None else f"{self.stage}/{self.iteration}"
+
+
+@dataclass
+class StageOutput:
+    """What a stage's computation returns; the wrapper turns it into a StageResult."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    outputs: dict[str, Path] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StageContext:
+    config: LegoConfig
+    work: WorkDir
+    run_id: str
+    runner: Any  # a lego.pipeline.runners.StageRunner
+    force: bool = False
+    log: Callable[[str], None] = print
+
+
+def artifact_dir(work: WorkDir, stage: str, key: str) -> Path:
+    return work.artifacts / stage / key
+
+
+def load_result(work: WorkDir, stage: str, key: str) -> StageResult | None:
+    """The complete artifact of (stage, key), or None (missing, or an output was deleted since)."""
+    path = artifact_dir(work, stage, key) / RESULT_FILE
+    if not path.is_file():
+        return None
+    try:
+        result = StageResult.model_validate_json(path.read_text())
+    except ValueError:
+        return None
+    if not all(Path(p).exists() for p in result.outputs.values()):
+        return None
+    return result.model_copy(update={"cached": True})
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temp, "w") as handle:
+        handle.write(data if isinstance(data, str) else json.dumps(data, indent=2, default=str))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+
+
+def run_cached(ctx: StageContext, stage: str, iteration: int | None, inputs: dict[str, Any],
+               compute: Callable[[Path], StageOutput]) -> StageResult:
+    """Serve (stage, key(inputs + config + code)) from its artifact, or compute it into the artifact dir.
+
+    `compute` writes into the final directory (not a temp one) so that a killed computation keeps what it
+    finished; the result file, written last, is what makes the artifact count.
+    """
+    parts = {"stage": stage, "iteration": iteration, "code": code_version(stage), **inputs}
+    key = key_of(parts)
+    if not ctx.force:
+        cached = load_result(ctx.work, stage, key)
+        if cached is not None:
+            ctx.log(f"{stage if iteration is None else f'{stage}/{iteration}'}: served from cache ({key})")
+            return cached
+    directory = artifact_dir(ctx.work, stage, key)
+    (directory / RESULT_FILE).unlink(missing_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    ctx.log(f"{stage if iteration is None else f'{stage}/{iteration}'}: computing ({key})")
+    started = time.monotonic()
+    output = compute(directory)
+    result = StageResult(
+        stage=stage, iteration=iteration, key=key, path=str(directory), inputs=parts,
+        metrics={k: float(v) for k, v in output.metrics.items()},
+        outputs={name: str(path) for name, path in output.outputs.items()}, data=output.data,
+        seconds=round(time.monotonic() - started, 3), created_at=datetime.now(UTC).isoformat(),
+    )
+    write_json_atomic(directory / RESULT_FILE, result.model_dump_json(indent=2))
+    return result

@@ -1,0 +1,59 @@
+"""Stage `filter`: keep the training tasks whose pass rate at the current policy lies in the configured window
+(sql/difficulty.sql): too easy and too hard tasks give GRPO groups without signal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lego.data.catalog import Catalog
+from lego.data.queries import task_difficulty
+from lego.errors import LegoError
+from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
+from lego.pipeline.attempts import grade_attempts, run_attempts
+from lego.pipeline.rollout_stage import rollout_settings
+from lego.pipeline.runners import Policy
+from lego.pipeline.taskset_stage import read_tasks, write_tasks
+from lego.pipeline.verify_stage import grading_settings
+
+STAGE = "filter"
+
+
+class NothingKeptError(LegoError):
+    """The difficulty filter kept no task."""
+
+
+def run_filter_stage(ctx: StageContext, tasks_result: StageResult, policy: Policy) -> StageResult:
+    inputs = {"tasks": tasks_result.key, "policy": policy.key, "filter": ctx.config.section_dict("filter"),
+              **rollout_settings(ctx), **grading_settings(ctx)}
+
+    def compute(directory: Path) -> StageOutput:
+        tasks = read_tasks(tasks_result.outputs["train_tasks"])
+        root = tasks_result.data.get("taskset_root")
+        root = Path(root) if root else None
+        data_run_id = f"filter-{directory.name[:16]}"
+        run_attempts(ctx, tasks, policy, samples=ctx.config.filter.attempts, data_run_id=data_run_id,
+                     stage=STAGE, iteration=0, taskset_root=root)
+        grade_attempts(ctx, tasks, data_run_id=data_run_id, rollout_stage=STAGE, outcome_stage="filter-verify",
+                       iteration=0, taskset_root=root)
+        with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
+            rows = task_difficulty(catalog, data_run_id)
+        kept_ids = {row["task_id"] for row in rows if row["keep"]}
+        kept = [task for task in tasks if task.instance_id in kept_ids]
+        (directory / "difficulty.json").write_text(json.dumps(rows, indent=2, default=str))
+        if not kept:
+            verdicts = {row["task_id"]: row["verdict"] for row in rows}
+            raise NothingKeptError(
+                f"the difficulty filter kept none of {len(tasks)} tasks ({verdicts}); widen the window "
+                "(filter.min_solved / filter.max_solved), raise filter.attempts, or set filter.enabled=false")
+        verdicts: dict[str, int] = {}
+        for row in rows:
+            verdicts[row["verdict"]] = verdicts.get(row["verdict"], 0) + 1
+        return StageOutput(
+            metrics={"tasks": len(tasks), "kept": len(kept), **{f"verdict.{k}": v for k, v in verdicts.items()}},
+            outputs={"kept_tasks": write_tasks(directory / "kept_tasks.jsonl", kept),
+                     "difficulty": directory / "difficulty.json"},
+            data={"data_run_id": data_run_id},
+        )
+
+    return run_cached(ctx, STAGE, None, inputs, compute)

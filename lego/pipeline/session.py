@@ -1,0 +1,145 @@
+"""A pipeline session: one run's config, work dir, manifest, MLflow parent run and stage runner.
+
+Flows look their session up by run id (`get_session`), so flow parameters stay plain values (run id, iteration)
+and each stage reads its inputs from the run's manifest: the pipeline fills it stage after stage; `lego stage
+NAME --from RUN` starts a session whose manifest holds RUN's results and reruns one stage on top of them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from lego.config import LegoConfig, flatten
+from lego.errors import LegoError
+from lego.pipeline.artifacts import StageContext, StageResult
+from lego.pipeline.manifest import RunManifest, load_manifest, new_run_id, save_manifest
+from lego.pipeline.runners import Policy, load_runner
+from lego.workdir import WorkDir
+
+STAGES = ("tasks", "filter", "rollout", "verify", "dataset", "train", "evaluate")
+ITERATED = ("rollout", "verify", "dataset", "train", "evaluate")
+
+_sessions: dict[str, PipelineSession] = {}
+
+
+class MissingUpstreamError(LegoError):
+    """A stage's input is not in the run's manifest."""
+
+
+class PipelineSession:
+    def __init__(self, config: LegoConfig, work: WorkDir, *, run_id: str | None = None, resume: bool = False,
+                 from_run: str | None = None, force: bool = False, log: Callable[[str], None] = print,
+                 track: bool = True):
+        self.config = config
+        self.work = work
+        self.log = log
+        self.lock = threading.Lock()
+        if resume and run_id:
+            self.manifest = load_manifest(work, run_id)
+            self.manifest.status = "running"
+        else:
+            self.manifest = RunManifest(run_id=run_id or new_run_id(), created_at=datetime.now(UTC).isoformat(),
+                                        config=config.model_dump(mode="json"), stage_impl=config.pipeline.runner)
+            if from_run:
+                source = load_manifest(work, from_run)
+                self.manifest.from_run = source.run_id
+                self.manifest.stages = {label: result.model_copy(update={"cached": True})
+                                        for label, result in source.stages.items()}
+        self.run_id = self.manifest.run_id
+        self.ctx = StageContext(config=config, work=work, run_id=self.run_id, runner=load_runner(config.pipeline.runner),
+                                force=force, log=log)
+        self.tracker = None
+        if track:
+            from lego.track.tracker import Tracker
+
+            self.tracker = Tracker(config, work)
+            tags = {"lego.from_run": self.manifest.from_run} if self.manifest.from_run else {}
+            self.manifest.mlflow_run_id = self.tracker.start_pipeline_run(self.run_id, tags)
+        save_manifest(work, self.manifest)
+        self._initial_policy: Policy | None = None
+        self.started = time.monotonic()
+        _sessions[self.run_id] = self
+
+    # ------------------------------------------------------------------------------------------ inputs
+    def result(self, stage: str, iteration: int | None = None) -> StageResult:
+        found = self.manifest.get(stage, iteration)
+        if found is None:
+            label = stage if iteration is None else f"{stage}/{iteration}"
+            source = f" (copied from {self.manifest.from_run})" if self.manifest.from_run else ""
+            raise MissingUpstreamError(f"run {self.run_id}{source} has no {label} result; run the stages before it "
+                                       f"(`lego run`, or `lego stage {stage}` from a run that has them)")
+        return found
+
+    def task_list(self) -> StageResult:
+        """The filter's kept tasks when the filter is on, else the training tasks."""
+        if self.config.filter.enabled:
+            return self.result("filter")
+        return self.result("tasks")
+
+    def initial_policy(self) -> Policy:
+        if self._initial_policy is None:
+            from lego.engine.checkpoint import default_model_path, init_tiny_model
+
+            path = default_model_path(self.config, self.work)
+            if not (path / "config.json").is_file() and self.config.model.path is None:
+                self.log(f"policy: writing the tiny random-init checkpoint to {path}")
+                init_tiny_model(self.config.model.init, path, seed=self.config.project.seed)
+            self._initial_policy = Policy.from_path(path)
+        return self._initial_policy
+
+    def policy(self, iteration: int) -> Policy:
+        """The policy that iteration `iteration` samples from (after `iteration` updates)."""
+        if iteration == 0:
+            return self.initial_policy()
+        return Policy.from_data(self.result("train", iteration - 1).data)
+
+    # ------------------------------------------------------------------------------------------ outputs
+    def record(self, result: StageResult) -> StageResult:
+        """Add a stage result to the manifest and MLflow (a nested run; cached outputs are linked, not copied)."""
+        with self.lock:
+            self.manifest.record(result)
+            save_manifest(self.work, self.manifest)
+            if self.tracker is not None and self.manifest.mlflow_run_id:
+                self._track(result)
+        state = "cached" if result.cached else f"{result.seconds:.1f}s"
+        self.log(f"{result.label()}: done ({state}) -> {result.path}")
+        return result
+
+    def _track(self, result: StageResult) -> None:
+        tracker = self.tracker
+        run = tracker.start_stage_run(self.manifest.mlflow_run_id, self.run_id, result.stage, result.iteration)
+        policy_version = result.data.get("policy_version")
+        tracker.set_tags(run, {"lego.artifact_key": result.key, "lego.artifact_path": result.path,
+                               "lego.cached": str(result.cached).lower(),
+                               **({"lego.policy_version": policy_version} if policy_version is not None else {}),
+                               **({"lego.data_run_id": result.data["data_run_id"]}
+                                  if "data_run_id" in result.data else {})})
+        params = {f"input.{k}": v for k, v in flatten({k: v for k, v in result.inputs.items()}).items()}
+        tracker.log_params(run, params)
+        tracker.log_metrics(run, {**result.metrics, "stage_seconds": result.seconds}, step=result.iteration or 0)
+        tracker.log_outputs(run, {name: path for name, path in result.outputs.items()}, copy=not result.cached)
+        tracker.end(run)
+        # the parent run gets the per-iteration curve of each stage metric
+        prefixed = {f"{result.stage}.{name}": value for name, value in result.metrics.items()}
+        tracker.log_metrics(self.manifest.mlflow_run_id, prefixed, step=result.iteration or 0)
+
+    def finish(self, status: str = "completed", summary: dict[str, Any] | None = None) -> RunManifest:
+        self.manifest.status = status
+        self.manifest.summary = {**(summary or {}), "seconds": round(time.monotonic() - self.started, 1)}
+        save_manifest(self.work, self.manifest)
+        if self.tracker is not None and self.manifest.mlflow_run_id:
+            self.tracker.end(self.manifest.mlflow_run_id, "FINISHED" if status == "completed" else "FAILED")
+        _sessions.pop(self.run_id, None)
+        return self.manifest
+
+
+def get_session(run_id: str) -> PipelineSession:
+    try:
+        return _sessions[run_id]
+    except KeyError:
+        raise LegoError(f"no open pipeline session {run_id!r} in this process; start the stage through "
+                        "`lego run` or `lego stage`") from None

@@ -1,0 +1,71 @@
+"""Stage `tasks`: the configured task set, split into training and evaluation lists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lego.cache import content_hash
+from lego.errors import LegoError
+from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
+from lego.tasksets.task import Task
+
+
+def load_task_set(ctx: StageContext) -> tuple[list[Task], Path | None]:
+    """Every task of the configured source and the root that bundle paths are relative to."""
+    source = ctx.config.tasks.source
+    if source == "bundled":
+        root = Path(__file__).resolve().parent.parent / "tasksets" / "bundled"
+        return read_tasks(root / "tasks.jsonl"), root
+    path = Path(source).expanduser()
+    if path.suffix == ".jsonl" and path.is_file():
+        return read_tasks(path), path.parent
+    raise LegoError(f"tasks.source={source!r}: the pipeline reads 'bundled' or a JSONL file")
+
+
+def split_tasks(ctx: StageContext, tasks: list[Task]) -> tuple[list[Task], list[Task]]:
+    settings = ctx.config.tasks
+
+    def pick(split: str, limit: int | None) -> list[Task]:
+        chosen = [task for task in tasks if split == "all" or task.split == split]
+        chosen.sort(key=lambda task: task.instance_id)
+        return chosen[:limit] if limit else chosen
+
+    return pick(settings.split, settings.limit), pick(settings.eval_split, ctx.config.eval.limit)
+
+
+def write_tasks(path: Path, tasks: list[Task]) -> Path:
+    path.write_text("".join(task.model_dump_json() + "\n" for task in tasks))
+    return path
+
+
+def read_tasks(path: str | Path) -> list[Task]:
+    return [Task.model_validate_json(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def run_tasks_stage(ctx: StageContext) -> StageResult:
+    all_tasks, root = load_task_set(ctx)
+    train, evaluation = split_tasks(ctx, all_tasks)
+    contents = content_hash(*(task.model_dump_json() for task in train), "|eval|",
+                            *(task.model_dump_json() for task in evaluation))
+    inputs = {"tasks": ctx.config.section_dict("tasks"), "eval_limit": ctx.config.eval.limit,
+              "contents": contents, "taskset_root": str(root) if root else None}
+
+    def compute(directory: Path) -> StageOutput:
+        from lego.data.writer import DatasetWriter
+
+        if not train:
+            raise LegoError(f"the task set {ctx.config.tasks.source!r} has no {ctx.config.tasks.split!r} task; "
+                            "check tasks.source and tasks.split")
+        DatasetWriter(ctx.work, f"tasks-{directory.name[:16]}").append_tasks(train + evaluation)
+        summary = {"train": [t.instance_id for t in train], "eval": [t.instance_id for t in evaluation]}
+        (directory / "summary.json").write_text(json.dumps(summary, indent=2))
+        return StageOutput(
+            metrics={"train_tasks": len(train), "eval_tasks": len(evaluation)},
+            outputs={"train_tasks": write_tasks(directory / "train_tasks.jsonl", train),
+                     "eval_tasks": write_tasks(directory / "eval_tasks.jsonl", evaluation),
+                     "task_summary": directory / "summary.json"},
+            data={"taskset_root": str(root) if root else None, "source": ctx.config.tasks.source},
+        )
+
+    return run_cached(ctx, "tasks", None, inputs, compute)
