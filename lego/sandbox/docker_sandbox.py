@@ -38,6 +38,10 @@ class SandboxError(LegoError):
     """The sandbox itself failed (container died, daemon error): an infrastructure failure, never the agent's."""
 
 
+class ContainerDied(SandboxError):
+    """The container stopped while a command ran in it (killed, OOM-killed as a whole, daemon restart)."""
+
+
 def _close_all() -> None:
     for sandbox in list(_OPEN):
         sandbox.close()
@@ -165,11 +169,13 @@ class DockerSandbox:
         try:
             exit_code = api.exec_inspect(exec_id).get("ExitCode")
         except (APIError, DockerException) as exc:
+            if not self.is_running():
+                raise ContainerDied(f"container {self.name} is gone after exec: {exc}") from exc
             raise SandboxError(f"exec in {self.name} could not be inspected: {exc}") from exc
         if exit_code is None:
             exit_code = 137 if hard_timeout else -1
-        if not hard_timeout and not self.is_running():
-            raise SandboxError(f"container {self.name} died during exec (exit code {exit_code}): {output[-500:]}")
+        if not self.is_running():
+            raise ContainerDied(f"container {self.name} died during exec (exit code {exit_code}): {output[-500:]}")
         timed_out = hard_timeout or (exit_code in (124, 137) and duration >= timeout - 0.5)
         return ExecResult(int(exit_code), output, timed_out=timed_out, truncated=state["truncated"],
                           duration_s=duration)

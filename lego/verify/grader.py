@@ -10,6 +10,7 @@ retried, and never reward 0.
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from pathlib import Path
@@ -20,13 +21,20 @@ from docker.errors import DockerException
 from lego.config import SandboxConfig, VerifyConfig
 from lego.errors import ImageBuildError
 from lego.records import Outcome, OutcomeKind, TerminationReason, Trajectory
-from lego.sandbox.docker_sandbox import DockerSandbox, DockerSandboxFactory, SandboxError
+from lego.sandbox.docker_sandbox import ContainerDied, DockerSandbox, DockerSandboxFactory, SandboxError
 from lego.sandbox.task_image import ensure_task_image
 from lego.tasksets.task import Task
 from lego.verify.cheat import network_attempts, scan_actions, screen_diff
 
 START = ">>>>> Start Test Output"
 END = ">>>>> End Test Output"
+TEST_OUTPUT = "/tmp/lego-test-output.log"
+# The memory cgroup's OOM-kill counter (v2, then v1): an exit 137 is an OOM only when it went up.
+OOM_KILLS = ("{ grep -s '^oom_kill ' /sys/fs/cgroup/memory.events || "
+             "grep -s '^oom_kill ' /sys/fs/cgroup/memory/memory.oom_control || echo 'oom_kill 0'; } | "
+             "awk '{print $2}'")
+SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
+SUMMARY_END = re.compile(r"^=+ .* =+$")
 RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
                       5: "no tests collected"}
 TERMINATION_OUTCOME = {
@@ -52,17 +60,45 @@ def test_files_of(task: Task) -> list[str]:
     return sorted(dict.fromkeys(f for f in files if f))
 
 
+def summary_blocks(body: str) -> list[str]:
+    """pytest's `-rA` short test summaries: from the header to the closing `=== N passed in Xs ===` line."""
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for line in body.splitlines():
+        if SUMMARY_HEADER.match(line):
+            current = []
+            blocks.append(current)
+        elif current is not None:
+            if SUMMARY_END.match(line):
+                current = None
+            else:
+                current.append(line)
+    return ["\n".join(block) for block in blocks]
+
+
 def grade_log(log: str, task: Task) -> tuple[bool, dict]:
+    """Grade from pytest's short test summary only.
+
+    Output that the code under test prints (captured sections, atexit handlers) cannot add status lines:
+    lines outside a summary block are ignored, and a second summary block naming the graded tests (a
+    forged one) is reported as `forged_summaries` for the caller to flag.
+    """
     from swebench.harness.constants import ResolvedStatus
     from swebench.harness.grading import get_eval_tests_report, get_resolution_status
     from swebench.harness.log_parsers.python import parse_log_pytest
 
     body = log.split(START, 1)[-1].split(END, 1)[0]
-    status = parse_log_pytest(body, None)
+    graded = {*task.FAIL_TO_PASS, *task.PASS_TO_PASS}
+    blocks = summary_blocks(body)
+    naming_graded = [block for block in blocks if graded & set(parse_log_pytest(block, None))]
+    # pytest prints its summary last: grade the last block, which a forger can only follow, never precede,
+    # and which is the real one whenever nothing was forged.
+    status = parse_log_pytest(naming_graded[-1] if naming_graded else "", None)
     report = get_eval_tests_report(status, {"FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS})
     resolution = get_resolution_status(report)
     return resolution == ResolvedStatus.FULL.value, {"resolution": resolution, "report": report,
-                                                     "tests_seen": len(status)}
+                                                     "tests_seen": len(status),
+                                                     "forged_summaries": max(0, len(naming_graded) - 1)}
 
 
 class Verifier:
@@ -88,7 +124,8 @@ class Verifier:
             return Outcome(rollout_id, task.instance_id, kind,
                            evidence={"check": f"termination:{trajectory.termination.value}",
                                      "error": trajectory.error})
-        last: Outcome | None = None
+        history: list[dict] = []  # every infra failure, kept in the final outcome's evidence
+        outcome: Outcome | None = None
         for attempt in range(1, self.config.infra_retries + 2):
             try:
                 outcome = self._grade_once(task, diff, actions or [], taskset_root, rollout_id)
@@ -98,13 +135,16 @@ class Verifier:
                                   test_log=failure.log, exit_code=failure.exit_code)
             except (SandboxError, ImageBuildError, DockerException, OSError) as exc:
                 outcome = Outcome(rollout_id, task.instance_id, OutcomeKind.infra_error,
-                                  evidence={"check": "sandbox", "error": f"{type(exc).__name__}: {exc}"})
+                                  evidence={"check": infra_check(exc), "error": f"{type(exc).__name__}: {exc}"})
             outcome.attempts = attempt
+            if history:
+                outcome.evidence["infra_history"] = list(history)
             if outcome.kind != OutcomeKind.infra_error:
                 return outcome
-            last = outcome
-        assert last is not None
-        return last
+            history.append({"attempt": attempt, "check": outcome.evidence["check"],
+                            "error": str(outcome.evidence.get("error", ""))[:500]})
+        assert outcome is not None
+        return outcome
 
     # ------------------------------------------------------------------------------------------ steps
 
@@ -142,6 +182,9 @@ class Verifier:
             evidence.update(check="runner_crash_caused_by_patch", control_exit_code=control_code)
             return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, log, code)
         resolved, grading = grade_log(log, task)
+        if grading["forged_summaries"]:
+            rules.setdefault("test_output_forged", []).append(
+                f"{grading['forged_summaries'] + 1} short test summaries name the graded tests; pytest prints one")
         evidence.update(grading, check="tests", grade_seconds=round(time.monotonic() - started, 3))
         kind = OutcomeKind.resolved if resolved else OutcomeKind.unresolved
         return self._outcome(rollout_id, task, kind, rules, evidence, log, code)
@@ -168,14 +211,20 @@ class Verifier:
                 raise InfraFailure("test_patch_does_not_apply",
                                    f"the task's test_patch does not apply {label}: {applied.output[-1500:]}")
         files = " ".join(shlex.quote(f) for f in test_files_of(task))
-        command = (f"echo '{START}'; {task.test_command} {files} 2>&1; code=$?; echo '{END}'; "
-                   f"echo LEGO_EXIT=$code; exit $code")
+        # The run writes to a file and only its tail is shown: pytest's summary is at the end, so a flood
+        # of output from the code under test cannot push it out of the captured log.
+        keep = max(16_384, sandbox.config.output_limit_bytes // 2)
+        command = (f"oom_before=$({OOM_KILLS}); {task.test_command} {files} > {TEST_OUTPUT} 2>&1; code=$?; "
+                   f"echo '{START}'; tail -c {keep} {TEST_OUTPUT}; echo; echo '{END}'; "
+                   f"echo LEGO_EXIT=$code; echo LEGO_OOM_KILLS=$(( $({OOM_KILLS}) - oom_before )); exit $code")
         result = sandbox.exec(command, timeout=self.config.timeout_s)
         if result.timed_out:
             raise InfraFailure("verifier_timeout", f"the tests ran past {self.config.timeout_s:g}s", result.output,
                                result.exit_code)
-        if result.exit_code == 137:
-            raise InfraFailure("oom_killed", "the test run was killed (exit 137: out of memory)", result.output, 137)
+        oom = re.search(r"^LEGO_OOM_KILLS=(\d+)", result.output, flags=re.M)
+        if result.exit_code == 137 and oom and int(oom.group(1)) > 0:
+            raise InfraFailure("oom_killed", f"the test run was killed by the kernel's OOM killer (memory limit "
+                               f"{sandbox.config.memory})", result.output, 137)
         if END not in result.output:
             raise InfraFailure("runner_crashed", f"the test run ended without its end marker (exit {result.exit_code})",
                                result.output, result.exit_code)
@@ -184,6 +233,17 @@ class Verifier:
     def _control_run(self, task: Task, image: str) -> tuple[str, int]:
         with self.factory.open(image, task.environment.workdir, purpose="verify-control") as sandbox:
             return self._run_tests(sandbox, task, "without the agent's patch")
+
+
+def infra_check(exc: BaseException) -> str:
+    """The evidence check naming an infrastructure failure."""
+    if isinstance(exc, ContainerDied):
+        return "container_died"
+    if isinstance(exc, ImageBuildError):
+        return "image_build"
+    if isinstance(exc, DockerException) or isinstance(exc.__cause__, DockerException):
+        return "docker_api_error"
+    return "sandbox"
 
 
 def verify_patch(verifier: Verifier, task: Task, patch: str, taskset_root: Path | None = None) -> Outcome:
