@@ -1,0 +1,175 @@
+"""What a harness adapter is: a description of the harness, and how to launch it for one task.
+
+An adapter never runs anything itself: it says how the harness is installed (once per machine, cached), where it
+runs, and for one task which command, environment and files to use and how to read the way it ended. The rollout
+(lego/rollout.py) does the running, so every harness gets the same sandbox, timeouts, turn guard and cleanup.
+
+Where a harness runs:
+- `sandbox`: a CLI agent (a native binary from npm) runs inside the task's container, acting on its files; its
+  install directory is mounted read-only at `MOUNT_POINT` (never installed per rollout). It reaches its proxy
+  session through the in-container relay (the container has no network).
+- `beside`: a Python agent runs on the host in its own cached venv and executes every command inside the
+  container (`docker exec`); it reaches its proxy session on the host's loopback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+from lego.errors import LegoError
+from lego.records import TerminationReason
+from lego.tasksets.task import Task
+
+WireProtocol = Literal["openai_chat", "anthropic_messages", "openai_responses"]
+MOUNT_POINT = "/opt/lego/harness"  # where a sandbox harness's install directory appears in the container
+HARNESS_HOME = "/root"  # the container's writable home (a tmpfs): harness state and transcripts live here
+MODEL_NAME = "lego-policy"  # the model name harnesses are told to use (the proxy serves any name)
+
+
+class HarnessError(LegoError):
+    """A harness is unknown, cannot be installed, or was misconfigured."""
+
+
+@dataclass(frozen=True)
+class HarnessSpec:
+    """The facts about a harness that do not depend on the task."""
+
+    name: str
+    protocol: WireProtocol
+    default_version: str
+    install_kind: Literal["npm", "venv"]
+    packages: tuple[str, ...]  # package specs; "{version}" is replaced by the pinned version
+    runs: Literal["sandbox", "beside"]
+    prompt_via: str  # how the task prompt reaches the harness (for humans and reports)
+    ends_by: tuple[str, ...]  # what ends a run: "exit", "max_turns", "time_limit"
+    transcript: str  # where the harness writes its own transcript
+    python: str | None = None  # venv installs: the Python version the harness needs
+    # Calls per run outside the main thread (title generation, a forced final summary): the turn guard allows them.
+    side_calls: int = 0
+    optional: bool = False  # slow or heavy to install: `lego setup` may leave it out
+
+
+@dataclass
+class HarnessContext:
+    """Everything an adapter needs to launch the harness for one task."""
+
+    task: Task
+    prompt: str
+    base_url: str  # the proxy session's base URL as the harness sees it (…/s/<id>, no /v1)
+    install_dir: Path  # on the host
+    runtime_dir: str  # the install as the harness sees it: MOUNT_POINT inside the sandbox, the host path beside it
+    workdir: str  # the repository inside the sandbox
+    max_turns: int
+    timeout_s: float
+    scratch: Path  # a host directory private to this rollout attempt (configs, transcripts of beside harnesses)
+    container_id: str = ""
+    docker_host: str = ""
+    exec_timeout_s: float = 120.0
+    extra: dict = field(default_factory=dict)  # HarnessConfig.extra
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.base_url}/v1"
+
+
+@dataclass
+class HarnessLaunch:
+    """How the rollout starts the harness for one task."""
+
+    command: str  # a bash command line (run in the sandbox's workdir, or on the host in the scratch dir)
+    env: dict[str, str]
+    files: dict[str, bytes] = field(default_factory=dict)  # written before start (sandbox paths, or host paths)
+    transcripts: list[str] = field(default_factory=list)  # paths (sandbox or host) to keep as artifacts; globs ok
+
+
+@dataclass
+class HarnessRunResult:
+    exit_code: int
+    output: str  # stdout + stderr (capped)
+    transcripts: dict[str, str]  # path -> text of each collected transcript
+    metadata: dict = field(default_factory=dict)  # max_turns, main_calls: what the rollout knows about the run
+
+
+@runtime_checkable
+class HarnessAdapter(Protocol):
+    spec: HarnessSpec
+
+    def launch(self, context: HarnessContext) -> HarnessLaunch:
+        """The command, environment and files that run the harness on `context.task`."""
+        ...
+
+    def termination(self, result: HarnessRunResult) -> TerminationReason:
+        """How the run ended, from the harness's own output: completed, max_turns or harness_crash."""
+        ...
+
+
+_REGISTRY: dict[str, Callable[[], HarnessAdapter]] = {}
+# name -> module that registers it: imported on first use so that a harness's module loads only when named
+MODULES = {
+    "mini-swe-agent": "lego.harness.mini_swe_agent",
+    "claude-code": "lego.harness.claude_code",
+    "opencode": "lego.harness.opencode",
+    "codex": "lego.harness.codex",
+    "openhands": "lego.harness.openhands",
+}
+
+
+def register(name: str) -> Callable[[type], type]:
+    def decorate(cls: type) -> type:
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def harness_names() -> list[str]:
+    return sorted(MODULES)
+
+
+def get_harness(name: str) -> HarnessAdapter:
+    import importlib
+
+    if name not in _REGISTRY and name in MODULES:
+        importlib.import_module(MODULES[name])
+    if name not in _REGISTRY:
+        raise HarnessError(f"unknown harness {name!r}; choose one of {', '.join(harness_names())} "
+                           "(harness.name in the config)")
+    return _REGISTRY[name]()
+
+
+def resolve_version(adapter: HarnessAdapter, version: str | None) -> str:
+    return version or adapter.spec.default_version
+
+
+def default_prompt(task: Task) -> str:
+    """The task as every harness receives it: the issue text, and where the repository is."""
+    return (f"{task.problem_statement.strip()}\n\nThe repository is in the current directory. "
+            "Change its source files to resolve the issue above.")
+
+
+def locate(context: HarnessContext, *candidates: str) -> str:
+    """The first of `candidates` (paths relative to the install dir) that exists, as the harness sees it."""
+    for relative in candidates:
+        if (context.install_dir / relative).exists():
+            return f"{context.runtime_dir}/{relative}"
+    raise HarnessError(f"none of {', '.join(candidates)} is under {context.install_dir}; the install is "
+                       f"incomplete: delete that directory and run `lego setup` again")
+
+
+def last_json_line(output: str, predicate: Callable[[dict], bool] = lambda _: True) -> dict:
+    """The last line of `output` that is a JSON object satisfying `predicate` ({} when none)."""
+    import json
+
+    for line in reversed(output.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and predicate(value):
+                return value
+    return {}

@@ -1,0 +1,67 @@
+"""Claude Code (npm `@anthropic-ai/claude-code`), inside the sandbox.
+
+The native binary from npm's platform package runs in the container from the read-only mount, in print mode:
+`claude -p PROMPT --output-format json --max-turns N`. As root it needs IS_SANDBOX=1 for
+--dangerously-skip-permissions (otherwise Bash is denied); CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 removes
+every call but the model's (no telemetry, no title request). It speaks Anthropic Messages (always streaming) to
+ANTHROPIC_BASE_URL = the relay + the session path. The result is one JSON object on stdout (`subtype`: success,
+error_max_turns, ...); the transcript is the session JSONL under $HOME/.claude/projects/.
+The default version is what npm picks on Node 20 (2.1.197: later releases declare node >= 22).
+"""
+
+from __future__ import annotations
+
+from lego.harness.base import (
+    HARNESS_HOME,
+    MODEL_NAME,
+    HarnessContext,
+    HarnessLaunch,
+    HarnessRunResult,
+    HarnessSpec,
+    last_json_line,
+    locate,
+    register,
+)
+from lego.records import TerminationReason
+
+PROMPT_FILE = "/tmp/.lego-prompt.txt"
+
+
+@register("claude-code")
+class ClaudeCode:
+    spec = HarnessSpec(
+        name="claude-code", protocol="anthropic_messages", default_version="2.1.197", install_kind="npm",
+        packages=("@anthropic-ai/claude-code@{version}",), runs="sandbox",
+        prompt_via=f"`-p` argument read from {PROMPT_FILE}",
+        ends_by=("exit", "max_turns", "time_limit"),
+        transcript=f"{HARNESS_HOME}/.claude/projects/<cwd>/<session>.jsonl",
+    )
+
+    def launch(self, context: HarnessContext) -> HarnessLaunch:
+        binary = locate(context, "node_modules/@anthropic-ai/claude-code-linux-x64/claude",
+                        "node_modules/@anthropic-ai/claude-code/bin/claude.exe")
+        command = (f'exec {binary} -p "$(cat {PROMPT_FILE})" --output-format json --max-turns {context.max_turns} '
+                   f"--dangerously-skip-permissions --model {MODEL_NAME} < /dev/null")
+        env = {
+            "HOME": HARNESS_HOME,
+            "IS_SANDBOX": "1",  # lets root use --dangerously-skip-permissions
+            "ANTHROPIC_BASE_URL": context.base_url,
+            "ANTHROPIC_API_KEY": "lego",
+            "ANTHROPIC_MODEL": MODEL_NAME,
+            "ANTHROPIC_SMALL_FAST_MODEL": MODEL_NAME,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+        }
+        return HarnessLaunch(command=command, env=env, files={PROMPT_FILE: context.prompt.encode()},
+                             transcripts=[f"{HARNESS_HOME}/.claude/projects/*/*.jsonl"])
+
+    def termination(self, result: HarnessRunResult) -> TerminationReason:
+        final = last_json_line(result.output, lambda value: value.get("type") == "result")
+        subtype = final.get("subtype")
+        if subtype == "error_max_turns":
+            return TerminationReason.max_turns
+        if subtype == "success" and result.exit_code == 0:
+            return TerminationReason.completed
+        return TerminationReason.harness_crash

@@ -1,0 +1,77 @@
+"""mini-swe-agent (PyPI `mini-swe-agent`): its DefaultAgent and LiteLLM tool-call model, beside the sandbox.
+
+A host venv cannot run inside the Debian container, so mini runs on the host in its own cached venv and executes
+each command inside the sandbox container (runners/mini_swe_agent_runner.py: mini's DockerEnvironment pointed at
+the existing container through the Docker API). Its model calls go to the proxy session on the host's loopback
+(OpenAI chat completions, one `bash` tool). It ends when a command prints COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT
+(exit status Submitted), at its step limit (LimitsExceeded; set to max_turns), or after 3 malformed replies in a
+row (RepeatedFormatError: the agent's own ending, counted as completed). Its trajectory JSON is the transcript.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from lego.harness.base import (
+    MODEL_NAME,
+    HarnessContext,
+    HarnessLaunch,
+    HarnessRunResult,
+    HarnessSpec,
+    register,
+)
+from lego.records import TerminationReason
+
+RUNNER = Path(__file__).parent / "runners" / "mini_swe_agent_runner.py"
+RESULT_PREFIX = "LEGO_RESULT "
+COMPLETED = {"Submitted", "RepeatedFormatError"}
+
+
+def result_line(output: str) -> dict:
+    for line in reversed(output.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            try:
+                return json.loads(line[len(RESULT_PREFIX):])
+            except ValueError:
+                return {}
+    return {}
+
+
+@register("mini-swe-agent")
+class MiniSweAgent:
+    spec = HarnessSpec(
+        name="mini-swe-agent", protocol="openai_chat", default_version="2.4.6", install_kind="venv",
+        packages=("mini-swe-agent=={version}", "docker>=7.1"), python="3.11", runs="beside",
+        prompt_via="the task text in a JSON spec file, passed to DefaultAgent.run(task)",
+        ends_by=("exit", "max_turns", "time_limit"),
+        transcript="mini's trajectory JSON (agent output_path) in the rollout's host scratch dir",
+    )
+
+    def launch(self, context: HarnessContext) -> HarnessLaunch:
+        transcript = context.scratch / "mini.traj.json"
+        spec_path = context.scratch / "mini-spec.json"
+        spec = {"task": context.prompt, "container_id": context.container_id, "workdir": context.workdir,
+                "api_base": context.openai_base_url, "model": MODEL_NAME, "step_limit": context.max_turns,
+                "exec_timeout_s": context.exec_timeout_s, "output_path": str(transcript)}
+        python = context.install_dir / "venv" / "bin" / "python"
+        env = {
+            "DOCKER_HOST": context.docker_host,
+            "MSWEA_CONFIGURED": "true",  # otherwise mini starts its interactive first-run setup
+            "MSWEA_COST_TRACKING": "ignore_errors",  # an unknown model name must not fail cost tracking
+            "MSWEA_GLOBAL_CONFIG_DIR": str(context.scratch / "mini-config"),
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of litellm's cost map
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+        }
+        return HarnessLaunch(
+            command=f"exec {shlex.quote(str(python))} {shlex.quote(str(RUNNER))} {shlex.quote(str(spec_path))}",
+            env=env, files={str(spec_path): json.dumps(spec).encode()}, transcripts=[str(transcript)])
+
+    def termination(self, result: HarnessRunResult) -> TerminationReason:
+        status = result_line(result.output).get("exit_status")
+        if status in COMPLETED:
+            return TerminationReason.completed
+        if status == "LimitsExceeded":
+            return TerminationReason.max_turns
+        return TerminationReason.harness_crash

@@ -1,0 +1,497 @@
+"""One rollout (sandbox + proxy session + harness -> Trajectory), and the rollout stage.
+
+A rollout attempt: the task image (built once, cached) -> a sandbox with the proxy's unix-socket directory mounted
+and a relay on the container's loopback -> a proxy session (its id is the only key to its data) -> the harness,
+under its wall-clock limit and a turn guard -> the final diff -> everything closed, always (also on exceptions
+and cancellation). Infrastructure failures (daemon, image, container, relay) are retried with a fresh sandbox and
+session up to rollout.infra_retries times; when they persist the rollout ends `env_setup_failed`, never as a model
+failure.
+
+The turn guard wraps the session's engine: the call after max_turns (plus the harness's side calls) is not
+served; the harness is killed and the rollout ends `max_turns`. Harnesses with their own limit (mini's step_limit,
+Claude Code's --max-turns, OpenCode's steps) normally stop before it.
+
+The stage runs tasks x samples_per_task (a GRPO group per task) with at most rollout.concurrency at once and
+persists each trajectory as soon as it ends (lego.data's atomic writer); rollout ids are deterministic, so a rerun
+after a crash skips what was persisted and runs only the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob as globlib
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import pyarrow.parquet as pq
+from docker.errors import DockerException
+
+from lego.cache import content_hash
+from lego.config import LegoConfig
+from lego.engine.base import GenerateResult, SamplingParams
+from lego.errors import ImageBuildError, LegoError
+from lego.harness.base import (
+    MOUNT_POINT,
+    HarnessAdapter,
+    HarnessContext,
+    HarnessLaunch,
+    HarnessRunResult,
+    default_prompt,
+    get_harness,
+    resolve_version,
+)
+from lego.harness.install import ensure_installed
+from lego.proxy.server import ProxyServer
+from lego.proxy.session import Session
+from lego.records import TerminationReason, Trajectory
+from lego.sandbox.docker_sandbox import DockerSandbox, DockerSandboxFactory, SandboxError
+from lego.sandbox.task_image import ensure_task_image
+from lego.tasksets.task import Task
+
+RELAY_PORT = 18080  # the relay's port on the container's own loopback (each container has its own)
+PID_FILE = "/tmp/.lego-harness.pid"
+LOG_LIMIT = 256 * 1024  # harness output kept in Trajectory.harness_log
+INFRA_ERRORS = (SandboxError, ImageBuildError, DockerException, ConnectionError)
+
+
+class TurnLimitReached(LegoError):
+    """The harness asked for more turns than rollout allows (harness.max_turns)."""
+
+
+def rollout_id(run_id: str, iteration: int, task_id: str, sample_index: int) -> str:
+    """Deterministic: the same run, iteration, task and sample always get the same id (reruns skip it)."""
+    digest = content_hash(run_id, str(iteration), task_id, str(sample_index), length=10)
+    return f"{task_id}.i{iteration}.s{sample_index}.{digest}"
+
+
+class TurnGuard:
+    """Wraps a session's engine: serves `limit` generations, then trips instead of serving the next one."""
+
+    def __init__(self, inner, limit: int) -> None:
+        self.inner = inner
+        self.limit = limit
+        self.calls = 0
+        self.tripped = asyncio.Event()
+        self.released = asyncio.Event()
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.inner.eos_token_ids
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        self.calls += 1
+        if self.calls > self.limit:
+            self.tripped.set()
+            # Hold the answer until the harness is gone: it must not see an error and retry in the meantime.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.released.wait(), 30)
+            raise TurnLimitReached(f"turn limit of {self.limit} calls reached")
+        return await self.inner.generate(prompt_ids, sampling)
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        return await self.inner.score(token_ids)
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None:
+        self.inner.load_checkpoint(path, policy_version)
+
+
+@dataclass
+class RolloutResources:
+    """What rollouts of one worker share: the proxy, the sandbox factory, the base image, the harness install."""
+
+    proxy: ProxyServer
+    factory: DockerSandboxFactory
+    base_image: str
+    docker_host: str
+    install_dir: Path
+    taskset_root: Path | None = None
+    artifacts_dir: Path | None = None  # transcripts go to <artifacts_dir>/<rollout id>/
+
+    @property
+    def client(self) -> docker.DockerClient:
+        return self.factory.client
+
+
+@dataclass
+class _Run:
+    exit_code: int = -1
+    output: str = ""
+    timed_out: bool = False
+    guard_tripped: bool = False
+    started_at: float = 0.0
+    duration_s: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------- running a harness
+
+
+async def _kill_in_sandbox(sandbox: DockerSandbox) -> None:
+    script = (f"pid=$(cat {PID_FILE} 2>/dev/null) || exit 0; pgid=$(ps -o pgid= -p $pid | tr -d ' '); "
+              f'[ -n "$pgid" ] && kill -9 -- -$pgid; kill -9 $pid 2>/dev/null; true')
+    with contextlib.suppress(SandboxError):
+        await asyncio.to_thread(sandbox.exec, script, 15, None, "/")
+
+
+async def _watch_guard(guard: TurnGuard, kill, run: _Run) -> None:
+    await guard.tripped.wait()
+    run.guard_tripped = True
+    try:
+        await kill()
+    finally:
+        guard.released.set()
+
+
+async def _run_in_sandbox(sandbox: DockerSandbox, launch: HarnessLaunch, timeout_s: float, workdir: str,
+                          guard: TurnGuard) -> _Run:
+    run = _Run(started_at=time.time())
+    for path, data in launch.files.items():
+        await asyncio.to_thread(sandbox.put_file, path, data)
+    command = f"echo $$ > {PID_FILE}; {launch.command}"
+    watcher = asyncio.create_task(_watch_guard(guard, lambda: _kill_in_sandbox(sandbox), run))
+    clock = time.monotonic()
+    try:
+        result = await asyncio.to_thread(sandbox.exec, command, timeout_s, launch.env, workdir, LOG_LIMIT * 4)
+    finally:
+        watcher.cancel()
+        guard.released.set()
+    run.duration_s = time.monotonic() - clock
+    run.exit_code, run.output, run.timed_out = result.exit_code, result.output, result.timed_out
+    return run
+
+
+async def _run_beside(launch: HarnessLaunch, timeout_s: float, scratch: Path, guard: TurnGuard) -> _Run:
+    run = _Run(started_at=time.time())
+    for path, data in launch.files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(data)
+    process = await asyncio.create_subprocess_exec(
+        "bash", "-c", launch.command, cwd=scratch, env={**os.environ, **launch.env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+        start_new_session=True)
+
+    async def kill() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+    watcher = asyncio.create_task(_watch_guard(guard, kill, run))
+    clock = time.monotonic()
+    chunks: list[bytes] = []
+
+    async def drain() -> None:
+        assert process.stdout is not None
+        size = 0
+        while chunk := await process.stdout.read(65536):
+            if size < LOG_LIMIT * 4:
+                chunks.append(chunk)
+                size += len(chunk)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(drain(), process.wait()), timeout_s)
+    except TimeoutError:
+        run.timed_out = True
+    finally:
+        if process.returncode is None:
+            await kill()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(process.wait(), 10)
+        watcher.cancel()
+        guard.released.set()
+    run.duration_s = time.monotonic() - clock
+    run.exit_code = process.returncode if process.returncode is not None else -9
+    run.output = b"".join(chunks).decode("utf-8", errors="replace")
+    return run
+
+
+async def _collect_transcripts(launch: HarnessLaunch, sandbox: DockerSandbox, beside: bool) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for pattern in launch.transcripts:
+        if beside:
+            for path in sorted(globlib.glob(pattern)):
+                found[path] = Path(path).read_text(errors="replace")
+            continue
+        listing = await asyncio.to_thread(sandbox.exec, f"ls -1d {pattern} 2>/dev/null || true", 30, None, "/")
+        for path in listing.output.split():
+            with contextlib.suppress(FileNotFoundError, SandboxError):
+                data = await asyncio.to_thread(sandbox.get_file, path)
+                found[path] = data.decode("utf-8", errors="replace")
+    return found
+
+
+def _keep_transcripts(transcripts: dict[str, str], directory: Path | None) -> list[str]:
+    if directory is None or not transcripts:
+        return []
+    directory.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for index, (path, text) in enumerate(sorted(transcripts.items())):
+        target = directory / f"{index:02d}-{Path(path).name}"
+        target.write_text(text)
+        kept.append(str(target))
+    return kept
+
+
+def _terminate(adapter: HarnessAdapter, session: Session, run: _Run, result: HarnessRunResult) -> TerminationReason:
+    if session.overlong:
+        return TerminationReason.overlong
+    if run.guard_tripped:
+        return TerminationReason.max_turns
+    if run.timed_out:
+        return TerminationReason.timeout
+    return adapter.termination(result)
+
+
+# ---------------------------------------------------------------------------------------------- one rollout
+
+
+async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResources, config: LegoConfig,
+                   trajectory: Trajectory, scratch: Path) -> None:
+    """One attempt; fills `trajectory`. Raises an INFRA_ERRORS exception for a failure of the machinery."""
+    spec = adapter.spec
+    clock = time.monotonic()
+    proxy = resources.proxy
+    sandbox: DockerSandbox | None = None
+    session: Session | None = None
+    try:
+        image = await asyncio.to_thread(ensure_task_image, resources.client, task, resources.base_image,
+                                        resources.taskset_root)
+        mounts = {str(resources.install_dir / "install"): MOUNT_POINT} if spec.runs == "sandbox" else None
+        if proxy.unix_path is None:
+            raise LegoError("the proxy has no unix socket; start ProxyServer with unix_socket=True")
+        sandbox = await asyncio.to_thread(
+            resources.factory.open, image, task.environment.workdir, purpose="rollout", mounts=mounts,
+            proxy_socket_dir=proxy.unix_path.parent, labels={"lego.rollout": trajectory.rollout_id})
+        relay = ""
+        if spec.runs == "sandbox":
+            relay = await asyncio.to_thread(sandbox.start_proxy_relay, proxy.unix_path.name, RELAY_PORT)
+        session = proxy.open_session(label=trajectory.rollout_id)
+        guard = TurnGuard(session.engine, config.harness.max_turns + spec.side_calls)
+        session.engine = guard
+        setup_s = time.monotonic() - clock
+        base_url = f"{relay}/s/{session.id}" if spec.runs == "sandbox" else session.base_url
+        context = HarnessContext(
+            task=task, prompt=default_prompt(task), base_url=base_url,
+            install_dir=resources.install_dir / "install" if spec.runs == "sandbox" else resources.install_dir,
+            runtime_dir=MOUNT_POINT if spec.runs == "sandbox" else str(resources.install_dir),
+            workdir=task.environment.workdir, max_turns=config.harness.max_turns, timeout_s=config.harness.timeout_s,
+            scratch=scratch, container_id=sandbox.container.id, docker_host=resources.docker_host,
+            exec_timeout_s=config.sandbox.exec_timeout_s, extra=dict(config.harness.extra))
+        launch = adapter.launch(context)
+        if spec.runs == "sandbox":
+            run = await _run_in_sandbox(sandbox, launch, config.harness.timeout_s, context.workdir, guard)
+        else:
+            run = await _run_beside(launch, config.harness.timeout_s, scratch, guard)
+        if not sandbox.is_running():
+            raise SandboxError(f"the sandbox {sandbox.name} died while {spec.name} ran")
+        transcripts = await _collect_transcripts(launch, sandbox, spec.runs == "beside")
+        trajectory.final_diff = await asyncio.to_thread(sandbox.diff)
+        segments, calls = session.trajectory_parts()
+        main_calls = sum(1 for call in calls if call.kind != "subagent")
+        result = HarnessRunResult(run.exit_code, run.output, transcripts,
+                                  metadata={"max_turns": config.harness.max_turns, "main_calls": main_calls})
+        trajectory.termination = _terminate(adapter, session, run, result)
+        trajectory.segments, trajectory.calls = segments, calls
+        trajectory.harness_log = run.output[-LOG_LIMIT:]
+        actions_of = getattr(adapter, "actions", None)
+        kept = _keep_transcripts(transcripts, resources.artifacts_dir / trajectory.rollout_id
+                                 if resources.artifacts_dir else None)
+        first_call = min((call.started_at for call in calls), default=None)
+        trajectory.timings.update({
+            "sandbox_setup_s": setup_s,
+            "harness_start_s": max(0.0, first_call - run.started_at) if first_call else run.duration_s,
+            "harness_s": run.duration_s,
+            "model_s": sum(call.latency_s for call in calls),
+        })
+        trajectory.metadata.update({
+            "exit_code": run.exit_code, "turn_guard_tripped": run.guard_tripped, "timed_out": run.timed_out,
+            "overlong": session.overlong, "transcripts": kept, "main_calls": main_calls,
+            "actions": actions_of(result) if actions_of else [],
+        })
+    finally:
+        if session is not None:
+            proxy.close_session(session.id)
+        if sandbox is not None:
+            await asyncio.shield(asyncio.to_thread(sandbox.close))
+
+
+async def run_rollout(task: Task, adapter: HarnessAdapter, *, resources: RolloutResources, config: LegoConfig,
+                      rollout_id: str, iteration: int = 0, sample_index: int = 0) -> Trajectory:
+    """Run `adapter` on `task` once (retrying infrastructure failures) and return its Trajectory."""
+    clock = time.monotonic()
+    attempts = config.rollout.infra_retries + 1
+    errors: list[str] = []
+    for attempt in range(1, attempts + 1):
+        trajectory = Trajectory(
+            rollout_id=rollout_id, task_id=task.instance_id, harness=adapter.spec.name,
+            policy_version=int(getattr(resources.proxy.engine, "policy_version", 0)), iteration=iteration,
+            sample_index=sample_index,
+            metadata={"harness_version": resources.install_dir.name, "protocol": adapter.spec.protocol})
+        scratch = Path(tempfile.mkdtemp(prefix="lego-rollout-"))
+        try:
+            await _attempt(task, adapter, resources, config, trajectory, scratch)
+            trajectory.metadata["attempts"] = attempt
+            trajectory.metadata["infra_errors"] = errors
+            trajectory.timings["total_s"] = time.monotonic() - clock
+            return trajectory
+        except INFRA_ERRORS as exc:
+            errors.append(f"attempt {attempt}: {type(exc).__name__}: {exc}"[-2000:])
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    trajectory.termination = TerminationReason.env_setup_failed
+    trajectory.error = errors[-1] if errors else "infrastructure failure"
+    trajectory.segments, trajectory.calls = [], []
+    trajectory.metadata.update({"attempts": attempts, "infra_errors": errors})
+    trajectory.timings["total_s"] = time.monotonic() - clock
+    return trajectory
+
+
+# ---------------------------------------------------------------------------------------------- the stage
+
+
+@dataclass
+class StageResult:
+    trajectories: list[Trajectory] = field(default_factory=list)  # run (and persisted) by this call
+    skipped: list[str] = field(default_factory=list)  # ids already persisted by an earlier run
+    rollout_ids: list[str] = field(default_factory=list)  # every id of the stage, in order
+
+
+def persisted_rollout_ids(data_dir: Path) -> set[str]:
+    """Rollout ids already committed in one stage/iteration directory (their rollouts file is the commit)."""
+    ids: set[str] = set()
+    for path in sorted(data_dir.glob("rollouts-*.parquet")):
+        ids.update(pq.read_table(path, columns=["rollout_id"]).column("rollout_id").to_pylist())
+    return ids
+
+
+@contextlib.asynccontextmanager
+async def rollout_resources(config: LegoConfig, work, engine, *, harness: str | None = None,
+                            docker_client: docker.DockerClient | None = None, docker_host: str | None = None,
+                            base_image: str | None = None, taskset_root: Path | None = None, tokenizer=None):
+    """A started proxy over `engine`, a sandbox factory and the harness install, for one worker."""
+    from lego.engine.tokenizer import load_tokenizer
+    from lego.sandbox.daemon import docker_engine
+    from lego.sandbox.image import ensure_base_image
+
+    adapter = get_harness(harness or config.harness.name)
+    install = await asyncio.to_thread(ensure_installed, adapter, config.harness.version)
+    async with contextlib.AsyncExitStack() as stack:
+        if docker_client is None:
+            engine_info = stack.enter_context(docker_engine(work.docker_root, config.docker.host,
+                                                            config.docker.start_private_daemon))
+            docker_client, docker_host = engine_info.client, engine_info.base_url
+        docker_host = docker_host or os.environ.get("DOCKER_HOST", "")
+        if base_image is None:
+            base_image = await asyncio.to_thread(ensure_base_image, docker_client, config.docker)
+        socket_dir = Path(tempfile.mkdtemp(prefix="lego-proxy-"))
+        stack.callback(shutil.rmtree, socket_dir, True)
+        os.chmod(socket_dir, 0o755)
+        proxy = ProxyServer(engine, tokenizer or load_tokenizer(), config.sampling, unix_path=socket_dir / "proxy.sock")
+        await proxy.start()
+        stack.push_async_callback(proxy.stop)
+        factory = DockerSandboxFactory(docker_client, config.sandbox)
+        yield adapter, RolloutResources(proxy=proxy, factory=factory, base_image=base_image, docker_host=docker_host,
+                                        install_dir=install, taskset_root=taskset_root,
+                                        artifacts_dir=Path(work.artifacts) / "transcripts")
+
+
+async def run_rollout_stage(tasks: Sequence[Task], config: LegoConfig, work, engine, run_id: str,
+                            iteration: int = 0, *, harness: str | None = None, taskset_root: Path | None = None,
+                            docker_client: docker.DockerClient | None = None, docker_host: str | None = None,
+                            base_image: str | None = None, progress: bool = True) -> StageResult:
+    """tasks x samples_per_task rollouts, rollout.concurrency at a time, each persisted as soon as it ends."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lego.data.writer import DatasetWriter
+
+    writer = DatasetWriter(work, run_id)
+    planned = [(task, sample, rollout_id(run_id, iteration, task.instance_id, sample))
+               for task in tasks for sample in range(config.rollout.samples_per_task)]
+    done = persisted_rollout_ids(writer.directory("rollout", iteration))
+    result = StageResult(rollout_ids=[item[2] for item in planned],
+                         skipped=[item[2] for item in planned if item[2] in done])
+    pending = [item for item in planned if item[2] not in done]
+    if not pending:
+        return result
+    async with rollout_resources(config, work, engine, harness=harness, docker_client=docker_client,
+                                 docker_host=docker_host, base_image=base_image,
+                                 taskset_root=taskset_root) as (adapter, resources):
+        semaphore = asyncio.Semaphore(config.rollout.concurrency)
+        lock = asyncio.Lock()
+        bar = Progress(TextColumn(f"rollout [{adapter.spec.name}] iter {iteration}"), BarColumn(),
+                       MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}"),
+                       disable=not progress)
+        job = bar.add_task("rollouts", total=len(planned), completed=len(result.skipped), last="")
+
+        async def one(task: Task, sample: int, rid: str) -> None:
+            async with semaphore:
+                trajectory = await run_rollout(task, adapter, resources=resources, config=config, rollout_id=rid,
+                                               iteration=iteration, sample_index=sample)
+            async with lock:
+                await asyncio.to_thread(writer.append_trajectories, [trajectory])
+                result.trajectories.append(trajectory)
+                bar.update(job, advance=1, last=f"{task.instance_id}#{sample}: {trajectory.termination.value}")
+
+        with bar:
+            await asyncio.gather(*(one(*item) for item in pending))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- verl
+
+
+_verl_worker: dict[str, Any] = {}
+
+
+async def run_rollout_for_verl(task: Task, engine) -> tuple[Trajectory, float | None]:
+    """verl agent-loop entry (configs/gpu/agent_loops.yaml): one rollout of the configured harness on `task` with
+    verl's server engine, graded by the verifier. Config: $LEGO_CONFIG (a name or path; default `default`)."""
+    import uuid
+
+    from lego.config import load_config
+    from lego.sandbox.daemon import connect
+    from lego.sandbox.image import ensure_base_image
+    from lego.verify.grader import Verifier
+    from lego.workdir import WorkDir
+
+    if not _verl_worker:
+        config = load_config(os.environ.get("LEGO_CONFIG", "default"))
+        work = WorkDir.create(config.project.work_dir)
+        engine_info = connect(work.docker_root, config.docker.host, config.docker.start_private_daemon)
+        base = await asyncio.to_thread(ensure_base_image, engine_info.client, config.docker)
+        _verl_worker.update(config=config, work=work, docker=engine_info, base_image=base,
+                            verifier=Verifier(engine_info.client, base, config.sandbox, config.verify))
+    config, work, info = _verl_worker["config"], _verl_worker["work"], _verl_worker["docker"]
+    async with rollout_resources(config, work, engine, docker_client=info.client, docker_host=info.base_url,
+                                 base_image=_verl_worker["base_image"]) as (adapter, resources):
+        trajectory = await run_rollout(task, adapter, resources=resources, config=config,
+                                       rollout_id=f"{task.instance_id}.verl.{uuid.uuid4().hex[:10]}")
+    outcome = await asyncio.to_thread(_verl_worker["verifier"].verify, task, trajectory)
+    trajectory.metadata["outcome"] = outcome.kind.value
+    return trajectory, outcome.reward
+
+
+def launch_command_preview(adapter: HarnessAdapter, context: HarnessContext) -> str:
+    """The command line a rollout would run (for `lego` diagnostics and docs)."""
+    launch = adapter.launch(context)
+    env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(launch.env.items()))
+    return f"{env} {launch.command}"
+
+
+__all__ = ["RolloutResources", "StageResult", "TurnGuard", "persisted_rollout_ids", "resolve_version",
+           "rollout_id", "rollout_resources", "run_rollout", "run_rollout_for_verl", "run_rollout_stage"]

@@ -1,0 +1,78 @@
+"""Shared pieces of the harness and rollout tests: scripted gold solutions in each harness's tool format, engines,
+and a rollout worker (proxy + sandbox factory + harness install) over the real Docker engine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+
+from lego.tasksets.task import Task
+
+GOLD_FILE = "/tmp/lego-gold.patch"
+
+
+def tool_call(name: str, arguments: dict) -> str:
+    """A Qwen3 tool call as the model writes it; the proxy turns it into the protocol's tool call."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def gold_command(task: Task) -> str:
+    return (f"cat > {GOLD_FILE} <<'LEGO_GOLD_EOF'\n{task.patch}LEGO_GOLD_EOF\n"
+            f"git apply {GOLD_FILE} && rm {GOLD_FILE} && git status --short")
+
+
+def gold_script(harness: str, task: Task) -> list[str]:
+    """The gold solution as a scripted policy for `harness`."""
+    if harness == "mini-swe-agent":
+        return ["I will apply the fix.\n" + tool_call("bash", {"command": gold_command(task)}),
+                "Done; submitting.\n" + tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
+    if harness == "claude-code":
+        return ["I will apply the fix.\n" + tool_call("Bash", {"command": gold_command(task),
+                                                             "description": "Apply the fix"}),
+                "The fix is applied."]
+    if harness == "opencode":
+        return ["Title", "I will apply the fix.\n" + tool_call("bash", {"command": gold_command(task),
+                                                                        "description": "Apply the fix"}),
+                "The fix is applied."]
+    if harness == "codex":
+        return ["I will apply the fix.\n" + tool_call("exec_command", {"cmd": gold_command(task)}),
+                "The fix is applied."]
+    raise ValueError(harness)
+
+
+def bundled_task(instance_id: str = "lego-bundled__unitconv-1") -> tuple[Task, object]:
+    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+
+    tasks = {task.instance_id: task for task in load_tasks("bundled").tasks}
+    return tasks[instance_id], BUNDLED_DIR
+
+
+def installed(name: str):
+    """The harness adapter and its install dir, or a skip saying why it cannot be installed here."""
+    from lego.harness.base import get_harness
+    from lego.harness.install import ensure_installed
+    from lego.errors import LegoError
+
+    adapter = get_harness(name)
+    try:
+        return adapter, ensure_installed(adapter)
+    except LegoError as exc:
+        pytest.skip(f"{name} cannot be installed here: {exc}")
+
+
+@contextlib.asynccontextmanager
+async def worker(config, work_dir, docker_engine, base_image, engine, harness: str, taskset_root=None):
+    from lego.rollout import rollout_resources
+
+    async with rollout_resources(config, work_dir, engine, harness=harness, docker_client=docker_engine.client,
+                                 docker_host=docker_engine.base_url, base_image=base_image,
+                                 taskset_root=taskset_root) as pair:
+        yield pair
+
+
+def with_overrides(config, **sections):
+    """A copy of `config` with some fields of some sections replaced: with_overrides(c, harness={"max_turns": 2})."""
+    updates = {name: getattr(config, name).model_copy(update=values) for name, values in sections.items()}
+    return config.model_copy(update=updates)

@@ -1,0 +1,71 @@
+"""Real harnesses solve a bundled task end to end under a scripted policy (the gold patch, as the model's tool
+calls), through the proxy, in a sandbox; the verifier grades the final diff resolved in a fresh sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from rollout_helpers import bundled_task, gold_script, installed, with_overrides, worker
+
+from lego.records import TerminationReason
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def scorer(tiny_model_path):
+    from lego.engine.transformers_engine import TransformersEngine
+
+    # Claude Code's first prompt is ~25k tokens: a context beyond the default 16k.
+    engine = TransformersEngine(tiny_model_path, dtype="float32", max_batch_size=2, batch_wait_ms=1.0,
+                                max_context=32768)
+    yield engine
+    engine.close()
+
+
+def solve(harness, lego_config, work_dir, docker_engine, base_image, scorer):
+    from lego.engine.scripted import ScriptedEngine
+    from lego.engine.tokenizer import load_tokenizer
+    from lego.rollout import run_rollout
+
+    installed(harness)
+    task, root = bundled_task()
+    config = with_overrides(lego_config, harness={"name": harness, "max_turns": 6, "timeout_s": 240},
+                            sampling={"max_tokens": 2048})
+    engine = ScriptedEngine(scorer, load_tokenizer(), gold_script(harness, task))
+
+    async def go():
+        async with worker(config, work_dir, docker_engine, base_image, engine, harness, root) as (adapter, res):
+            return await run_rollout(task, adapter, resources=res, config=config, rollout_id=f"scripted-{harness}")
+
+    return task, root, asyncio.run(go())
+
+
+def check_solved(task, root, trajectory, docker_engine, base_image, lego_config):
+    from lego.verify.grader import Verifier
+
+    assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-3000:]
+    assert "+" in trajectory.final_diff and trajectory.error is None
+    main = trajectory.main_segments
+    assert main and sum(segment.num_sampled for segment in main) > 0
+    assert all(call.error is None for call in trajectory.calls)
+    assert trajectory.timings["sandbox_setup_s"] > 0 and trajectory.timings["model_s"] > 0
+    assert trajectory.metadata["transcripts"], "the harness transcript was kept"
+    outcome = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify).verify(
+        task, trajectory, taskset_root=root)
+    assert outcome.kind.value == "resolved", outcome
+
+
+def test_mini_swe_agent_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
+    task, root, trajectory = solve("mini-swe-agent", lego_config, work_dir, docker_engine, base_image, scorer)
+    check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
+    assert [call.protocol for call in trajectory.calls] == ["openai_chat", "openai_chat"]
+    assert [call.kind for call in trajectory.calls] == ["start", "extend"]
+
+
+def test_claude_code_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
+    task, root, trajectory = solve("claude-code", lego_config, work_dir, docker_engine, base_image, scorer)
+    check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
+    assert {call.protocol for call in trajectory.calls} == {"anthropic_messages"}
+    assert trajectory.num_turns == 2
