@@ -122,33 +122,162 @@ def docker_down(config: ConfigOption = "default", overrides: Overrides = None) -
 
 
 @app.command()
-def run(config: ConfigOption = "default", overrides: Overrides = None) -> None:
+def run(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    resume: Annotated[str | None, typer.Option("--resume", help="Continue this run id (its finished stages are "
+                                                                "served from their artifacts).")] = None,
+    force: Annotated[bool, typer.Option(help="Recompute every stage, ignoring cached artifacts.")] = False,
+) -> None:
     """Run the whole pipeline (filter, rollout, verify, dataset, train, evaluate) for N iterations."""
-    _not_built("pipeline")
+    import contextlib
+
+    from lego.config import _resolve_config_path
+    from lego.pipeline.prefect_env import configure_prefect_env
+
+    cfg, work = _load(config, overrides)
+    configure_prefect_env(work)
+    console.print(f"[bold]lego run[/] work dir {work.root}")
+    with contextlib.ExitStack() as stack:
+        if cfg.pipeline.runner is None:
+            stack.enter_context(_embedded_setup(cfg, work))
+        from flows.pipeline import pipeline_flow
+
+        summary = pipeline_flow(config=str(_resolve_config_path(config)), overrides=list(overrides or []),
+                                run_id=resume, resume=bool(resume), force=force)
+    _print_run_summary(cfg, work, summary)
+
+
+def _embedded_setup(cfg, work):
+    """Docker engine (kept up for the whole run), sandbox base image, tokenizer, tiny policy if missing."""
+    import contextlib
+
+    from lego.engine.checkpoint import default_model_path, init_tiny_model
+    from lego.engine.tokenizer import ensure_tokenizer
+    from lego.sandbox.daemon import docker_engine
+    from lego.sandbox.image import ensure_base_image
+
+    @contextlib.contextmanager
+    def context():
+        console.print(f"[green]tokenizer[/] {ensure_tokenizer()}")
+        with docker_engine(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon) as engine:
+            console.print(f"[green]docker[/] {engine.base_url}")
+            console.print(f"[green]base image[/] {ensure_base_image(engine.client, cfg.docker, console)}")
+            if cfg.model.path is None:
+                console.print(f"[green]policy[/] {init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)}")
+            yield engine
+
+    return context()
+
+
+def _print_run_summary(cfg, work, summary: dict) -> None:
+    from lego.evaluate.compare import compare_runs
+    from lego.track.tracker import Tracker
+
+    out = Console()
+    table = Table(title=f"run {summary['run_id']}")
+    for column in ("stage", "result", "seconds", "artifact"):
+        table.add_column(column, overflow="fold")
+    for label, info in summary["stages"].items():
+        table.add_row(label, "[cyan]cached[/]" if info["cached"] else "[green]computed[/]",
+                      f"{info['seconds']:.1f}", escape(info["path"]))
+    out.print(table)
+    for label, metrics in summary.get("evaluations", {}).items():
+        rate = metrics.get("resolved_rate")
+        out.print(f"{label}: resolved {int(metrics.get('resolved', 0))}/{int(metrics.get('attempts', 0))}"
+                  + (f" = {rate:.1%}" if rate is not None else "")
+                  + f" [{metrics.get('resolved_low', 0):.1%}, {metrics.get('resolved_high', 1):.1%}]"
+                  + f", infra errors {int(metrics.get('infra_errors', 0))}")
+    tracker = Tracker(cfg, work)
+    compared = compare_runs(tracker, work.root / "reports" / summary["run_id"], run_ids=[summary["run_id"]],
+                            confidence=cfg.eval.confidence)
+    out.print(f"work dir:   {work.root}\nmanifest:   {work.root / 'runs' / summary['run_id'] / 'manifest.json'}\n"
+              f"data:       {work.data} (lego data show)\nMLflow:     {tracker.uri} (lego server for the UI)\n"
+              f"plot:       {compared['png']}\nreport:     {compared['html']}")
 
 
 @app.command()
 def stage(
-    name: Annotated[str, typer.Argument(help="filter | rollout | verify | dataset | train | evaluate")],
+    name: Annotated[str, typer.Argument(help="tasks | filter | rollout | verify | dataset | train | evaluate")],
     config: ConfigOption = "default",
     overrides: Overrides = None,
-    from_run: Annotated[str | None, typer.Option("--from", help="Reuse the cached artifacts of this run.")] = None,
+    from_run: Annotated[str | None, typer.Option("--from", help="Reuse the cached artifacts of this run "
+                                                               "('latest': the newest run).")] = "latest",
+    iteration: Annotated[int, typer.Option(help="The iteration of an iterated stage.")] = 0,
     force: bool = False,
 ) -> None:
     """Rerun one stage alone from the cached artifacts of an earlier run."""
-    _not_built("pipeline")
+    import contextlib
+
+    from lego.config import _resolve_config_path
+    from lego.pipeline.prefect_env import configure_prefect_env
+
+    cfg, work = _load(config, overrides)
+    configure_prefect_env(work)
+    with contextlib.ExitStack() as stack:
+        if cfg.pipeline.runner is None and name in ("filter", "rollout", "verify", "evaluate"):
+            stack.enter_context(_embedded_setup(cfg, work))
+        from flows.pipeline import stage_flow
+
+        summary = stage_flow(stage=name, config=str(_resolve_config_path(config)), overrides=list(overrides or []),
+                             from_run=from_run, iteration=iteration, force=force)
+    info = summary.get("stage") or {}
+    console.print(f"run {summary['run_id']} (from {from_run}): {name} "
+                  f"{'served from cache' if info.get('cached') else 'computed'} -> {info.get('path')}")
+    print(json.dumps(summary, indent=2, default=str))
 
 
 @tasks_app.command("list")
-def tasks_list(config: ConfigOption = "default", overrides: Overrides = None) -> None:
-    """List the configured task set."""
-    _not_built("task sets (Reliable execution)")
+def tasks_list(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    split: Annotated[str | None, typer.Option(help="train | eval | all (default: tasks.split).")] = None,
+) -> None:
+    """List the configured task set (tasks.source) with each task's split, difficulty and test counts."""
+    from lego.config import load_config
+    from lego.tasksets.load import load_configured
+
+    cfg = load_config(config, overrides or [])
+    loaded = load_configured(cfg.tasks, split)
+    table = Table(title=f"tasks: {cfg.tasks.source} ({split or cfg.tasks.split})")
+    for column in ("id", "repo", "split", "difficulty", "#F2P", "#P2P"):
+        table.add_column(column, overflow="fold", justify="right" if column.startswith("#") else "left")
+    for task in loaded.tasks:
+        table.add_row(task.instance_id, task.repo, task.split, task.difficulty or "-",
+                      str(len(task.FAIL_TO_PASS)), str(len(task.PASS_TO_PASS)))
+    Console(width=max(Console().width, 140)).print(table)
+    for error in loaded.errors:
+        console.print(f"[yellow]skipped[/] {error}")
+    console.print(f"{len(loaded.tasks)} task(s), {len(loaded.errors)} malformed row(s) skipped")
 
 
 @tasks_app.command("synth")
-def tasks_synth(config: ConfigOption = "default", overrides: Overrides = None) -> None:
+def tasks_synth(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    package: Annotated[Path | None, typer.Option(help="A package source directory with a pytest suite.")] = None,
+    pypi: Annotated[str | None, typer.Option(help="NAME==VERSION: download its sdist from PyPI.")] = None,
+    out: Annotated[Path, typer.Option(help="Output directory: tasks.jsonl and repos/<name>.bundle.")] = Path(
+        "synth-tasks"),
+    max_tasks: Annotated[int, typer.Option(min=1)] = 5,
+    max_candidates: Annotated[int, typer.Option(min=1, help="Mutations to try at most.")] = 60,
+    seed: Annotated[int | None, typer.Option(help="Mutation order seed (default: project.seed).")] = None,
+    split: str = "train",
+) -> None:
     """Make SWE-style tasks from a Python package by procedural bug injection."""
-    _not_built("task sets (Reliable execution)")
+    from lego.config import load_config
+    from lego.tasksets.synth import synthesize
+
+    cfg = load_config(config, overrides or [])
+    report = synthesize(package_dir=package, requirement=pypi, out_dir=out, max_tasks=max_tasks,
+                        max_candidates=max_candidates, seed=cfg.project.seed if seed is None else seed, split=split)
+    for task in report.tasks:
+        prov = task.provenance
+        console.print(f"[green]{task.instance_id}[/] {prov['operator']} in {prov['file']}:{prov['function']} "
+                      f"({len(task.FAIL_TO_PASS)} F2P, {len(task.PASS_TO_PASS)} P2P)")
+    console.print(f"{len(report.tasks)} task(s) from {report.candidates_tried} mutation(s) tried "
+                  f"({report.undetected} undetected, {len(report.rejected)} rejected)")
+    print(report.tasks_file)
 
 
 @tasks_app.command("validate")
@@ -225,19 +354,90 @@ def data_export(
 @app.command()
 def deploy(config: ConfigOption = "default", overrides: Overrides = None) -> None:
     """Serve the pipeline and stage flows on cron schedules (Prefect deployments)."""
-    _not_built("pipeline (deployments)")
+    from lego.config import _resolve_config_path
+    from lego.pipeline.prefect_env import configure_prefect_env
+
+    cfg, work = _load(config, overrides)
+    configure_prefect_env(work)
+    import os
+
+    if not os.environ.get("PREFECT_API_URL"):
+        console.print("[yellow]PREFECT_API_URL is not set: serving against a temporary local API that lives only "
+                      "as long as this command; run `lego server` and export PREFECT_API_URL for a lasting one[/]")
+    from flows.deploy import serve_deployments
+
+    serve_deployments(cfg, str(_resolve_config_path(config)), list(overrides or []))
 
 
 @app.command()
-def server(config: ConfigOption = "default", overrides: Overrides = None) -> None:
+def server(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    prefect_port: Annotated[int, typer.Option(help="Prefect server port.")] = 4200,
+    mlflow_port: Annotated[int, typer.Option(help="MLflow server port.")] = 5000,
+) -> None:
     """Start a local Prefect server and MLflow server on loopback for their UIs."""
-    _not_built("pipeline (tracking)")
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from lego.track.tracker import tracking_uri
+
+    cfg, work = _load(config, overrides)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PREFECT_HOME": str(work.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    work.mlflow_db.parent.mkdir(parents=True, exist_ok=True)
+    commands = {
+        "prefect": [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+        "mlflow": [str(bin_dir / "mlflow"), "server", "--backend-store-uri", tracking_uri(cfg, work),
+                   "--artifacts-destination", str(work.mlflow_artifacts), "--host", "127.0.0.1",
+                   "--port", str(mlflow_port), "--workers", "1"],
+    }
+    processes = {name: subprocess.Popen(cmd, env=env, stdout=open(work.logs / f"{name}-server.log", "ab"),
+                                        stderr=subprocess.STDOUT) for name, cmd in commands.items()}
+    console.print(f"Prefect UI  http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL="
+                  f"http://127.0.0.1:{prefect_port}/api)\nMLflow UI   http://127.0.0.1:{mlflow_port}\n"
+                  f"logs in {work.logs}; Ctrl-C stops both")
+    try:
+        while all(process.poll() is None for process in processes.values()):
+            time.sleep(1)
+        failed = [name for name, process in processes.items() if process.poll() is not None]
+        console.print(f"[red]{', '.join(failed)} server exited[/]; see {work.logs}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 @app.command()
-def compare(config: ConfigOption = "default", overrides: Overrides = None) -> None:
+def compare(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    run: Annotated[list[str] | None, typer.Option("--run", help="Pipeline run ids to compare (default: all).")] = None,
+    harness: Annotated[list[str] | None, typer.Option("--harness", help="Only these harnesses.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Directory for compare.png / compare.html.")] = None,
+) -> None:
     """Compare harness runs and policy versions from MLflow (table + PNG)."""
-    _not_built("evaluation (harness comparison)")
+    from lego.evaluate.compare import compare_runs
+    from lego.track.tracker import Tracker
+
+    cfg, work = _load(config, overrides)
+    tracker = Tracker(cfg, work)
+    result = compare_runs(tracker, out or work.root / "reports" / "compare", run_ids=run, harnesses=harness,
+                          confidence=cfg.eval.confidence)
+    Console().print(result["table"])
+    if not result["rows"]:
+        console.print(f"no evaluation runs in MLflow ({tracker.uri}); run `lego run` first")
+    console.print(f"plot: {result['png']}\npage: {result['html']}")
 
 
 @app.command()

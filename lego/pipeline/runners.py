@@ -66,21 +66,43 @@ class RealRunner:
     """The harness in a Docker sandbox through the proxy (lego.rollout), graded in a fresh sandbox (lego.verify)."""
 
     def rollout(self, ctx, tasks, requests, policy, *, stage, iteration, writer, taskset_root) -> None:
-        try:
-            from lego.rollout import run_rollout_stage
-        except ImportError as exc:
-            raise LegoError(f"the rollout stage (lego/rollout.py) is not available: {exc}") from exc
-        from lego.sandbox.daemon import docker_engine
-        from lego.sandbox.image import ensure_base_image
+        import asyncio
 
+        from lego.engine import make_engine
+
+        engine = make_engine(ctx.config, policy.path)
+        try:
+            asyncio.run(self._rollouts(ctx, tasks, requests, engine, stage=stage, iteration=iteration,
+                                       writer=writer, taskset_root=taskset_root))
+        finally:
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
+
+    @staticmethod
+    async def _rollouts(ctx, tasks, requests, engine, *, stage, iteration, writer, taskset_root) -> None:
+        """rollout.concurrency at a time over one proxy; each trajectory persisted as soon as it ends."""
+        import asyncio
+
+        from lego.rollout import rollout_resources, run_rollout
+
+        by_id = {task.instance_id: task for task in tasks}
         config = ctx.config
-        with docker_engine(ctx.work.docker_root, config.docker.host, config.docker.start_private_daemon) as engine:
-            base_image = ensure_base_image(engine.client, config.docker)
-            run_rollout_stage(
-                config=config, work=ctx.work, tasks=list(tasks), requests=list(requests), policy_path=policy.path,
-                policy_version=policy.version, stage=stage, iteration=iteration, writer=writer,
-                docker_client=engine.client, base_image=base_image, taskset_root=taskset_root,
-            )
+        async with rollout_resources(config, ctx.work, engine, taskset_root=taskset_root) as (adapter, resources):
+            semaphore = asyncio.Semaphore(config.rollout.concurrency)
+            lock = asyncio.Lock()
+
+            async def one(request: RolloutRequest) -> None:
+                async with semaphore:
+                    trajectory = await run_rollout(by_id[request.task_id], adapter, resources=resources,
+                                                   config=config, rollout_id=request.rollout_id,
+                                                   iteration=iteration, sample_index=request.sample_index)
+                trajectory.metadata.setdefault("temperature", config.sampling.temperature)
+                async with lock:
+                    await asyncio.to_thread(writer.append_trajectories, [trajectory], stage)
+                ctx.log(f"{stage}: {request.rollout_id} -> {trajectory.termination.value}")
+
+            await asyncio.gather(*(one(request) for request in requests))
 
     @contextlib.contextmanager
     def grader(self, ctx, taskset_root: Path | None) -> Iterator[Grader]:

@@ -12,15 +12,13 @@ from lego.tasksets.task import Task
 
 
 def load_task_set(ctx: StageContext) -> tuple[list[Task], Path | None]:
-    """Every task of the configured source and the root that bundle paths are relative to."""
-    source = ctx.config.tasks.source
-    if source == "bundled":
-        root = Path(__file__).resolve().parent.parent / "tasksets" / "bundled"
-        return read_tasks(root / "tasks.jsonl"), root
-    path = Path(source).expanduser()
-    if path.suffix == ".jsonl" and path.is_file():
-        return read_tasks(path), path.parent
-    raise LegoError(f"tasks.source={source!r}: the pipeline reads 'bundled' or a JSONL file")
+    """Every task of the configured source (bundle paths come back absolute, so no task-set root is needed)."""
+    from lego.tasksets.load import load_tasks
+
+    loaded = load_tasks(ctx.config.tasks.source, split="all", strict=ctx.config.tasks.strict)
+    for error in loaded.errors:
+        ctx.log(f"tasks: skipped a malformed row: {error}")
+    return list(loaded.tasks), None
 
 
 def split_tasks(ctx: StageContext, tasks: list[Task]) -> tuple[list[Task], list[Task]]:
