@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from lego.errors import LegoError
-from lego.tasksets.gitutil import bundle, clone, commit_all, diff, git, init_repo
+from lego.tasksets.gitutil import bundle, clone, commit_all, diff, init_repo
 from lego.tasksets.task import Task
 from lego.tasksets.testrun import FAILED, PASSED, TestRunner, run_tests
 

@@ -91,7 +91,7 @@ def _is_saved_dataset(path: Path) -> bool:
 
 def _dataset_rows(dataset: Any, split: str | None) -> Iterator[tuple[int, Any]]:
     """Rows of a Dataset, or of a DatasetDict (each row tagged with its split unless it has one)."""
-    if hasattr(dataset, "keys") and not hasattr(dataset, "column_names"):
+    if isinstance(dataset, dict):  # DatasetDict (a dict of split name -> Dataset)
         names = [split] if split in dataset else list(dataset.keys())
         number = 0
         for name in names:

@@ -40,8 +40,12 @@ def parse_pytest_summary(log: str) -> dict[str, str]:
 
 
 def run_pytest(repo_dir: Path, test_ids: Iterable[str] | None = None, timeout_s: float = 300.0,
-               python: str | None = None) -> tuple[int, str]:
-    """Run pytest with `-rA` in `repo_dir` with the current (or given) interpreter; return (rc, log)."""
+               python: str | None = None, plugin_autoload: bool = False) -> tuple[int, str]:
+    """Run pytest with `-rA` in `repo_dir` with the current (or given) interpreter; return (rc, log).
+
+    Plugins installed in this environment are not loaded by default (PYTEST_DISABLE_PLUGIN_AUTOLOAD):
+    the repository under test should not see Lego's own pytest plugins, and startup is 3x faster.
+    """
     cmd = [python or sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-q"]
     ids = list(test_ids or [])
     if ids:
@@ -50,6 +54,8 @@ def run_pytest(repo_dir: Path, test_ids: Iterable[str] | None = None, timeout_s:
     # A wide terminal keeps the assertion messages in the short summary from being cut.
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0", COLUMNS="400")
     env.pop("PYTEST_ADDOPTS", None)
+    if not plugin_autoload:
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     try:
         proc = subprocess.run(cmd, cwd=repo_dir, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
