@@ -63,7 +63,6 @@ def test_bundled_task_fails_then_passes(task, clones, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(clones[task.environment.bundle], repo)
     git(repo, "checkout", "-q", "--detach", task.base_commit)  # the base commit exists in the bundle
-    git(repo, "apply", "--check", "-", check=False)
     apply_patch(repo, task.test_patch)
     before = run_tests(repo, task.FAIL_TO_PASS + task.PASS_TO_PASS)
     assert [t for t in task.FAIL_TO_PASS if before[t] == PASSED] == []
@@ -318,5 +317,4 @@ def test_synth_on_a_small_package(tmp_path):
         repo = clone(task.environment.bundle, tmp_path / task.instance_id, task.base_commit)
         assert git(repo, "rev-parse", "HEAD~1").strip() == prov["pristine_commit"]
         apply_patch(repo, task.patch)
-        assert git(repo, "diff", "--quiet", prov["pristine_commit"], "--", prov["file"], check=False) == ""
         assert subprocess.run(["git", "diff", "--quiet", prov["pristine_commit"]], cwd=repo).returncode == 0

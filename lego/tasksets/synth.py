@@ -188,7 +188,9 @@ def synthesize(
         pristine = commit_all(repo, f"{package} {version}: pristine source", PRISTINE_DATE)
 
         baseline, _ = _statuses(runner, repo)
-        passing = sorted(t for t, s in baseline.items() if s == PASSED)
+        # A parametrized id with a space is cut at the space by the -rA parsers (ours and swebench's):
+        # such ids can collide, so they are never used as FAIL_TO_PASS or PASS_TO_PASS.
+        passing = sorted(t for t, s in baseline.items() if s == PASSED and ("[" not in t or t.endswith("]")))
         if not passing:
             raise SynthError(
                 f"no test of {package} passes before any mutation (statuses: {dict(list(baseline.items())[:5])}); "
