@@ -16,7 +16,7 @@ SOURCE_SUFFIXES = (".py", ".sql", ".jinja", ".yaml")
 
 # The source each stage runs: a change there invalidates the stage's cached artifacts (and what follows).
 STAGE_SOURCES: dict[str, tuple[str, ...]] = {
-    "tasks": ("lego/tasksets", "lego/pipeline/taskset_stage.py"),
+    "tasks": ("lego/tasksets/load.py", "lego/tasksets/task.py", "lego/pipeline/taskset_stage.py"),
     "filter": ("lego/rollout.py", "lego/harness", "lego/proxy", "lego/engine", "lego/sandbox", "lego/verify",
                "sql/difficulty.sql", "lego/pipeline/filter_stage.py", "lego/pipeline/attempts.py"),
     "rollout": ("lego/rollout.py", "lego/harness", "lego/proxy", "lego/engine", "lego/sandbox",

@@ -1,0 +1,38 @@
+"""lego.track: MLflow runs, params, metrics, tags and outputs (logged when computed, referenced when cached)."""
+
+from __future__ import annotations
+
+from lego.config import load_config
+from lego.track.tracker import Tracker
+from lego.workdir import WorkDir
+
+
+def test_pipeline_and_stage_runs(tmp_path):
+    config = load_config("test", [f"project.work_dir={tmp_path / 'w'}"])
+    work = WorkDir.create(config.project.work_dir)
+    tracker = Tracker(config, work)
+    assert tracker.uri == work.mlflow_uri
+    parent = tracker.start_pipeline_run("run-a")
+    assert tracker.start_pipeline_run("run-a") == parent  # a resumed run reuses its parent
+    params = tracker.client.get_run(parent).data.params
+    assert params["train.lr"] == str(config.train.lr) and params["harness.name"] == "mini-swe-agent"
+
+    small = tmp_path / "report.json"
+    small.write_text('{"resolved": 1}')
+    stage = tracker.start_stage_run(parent, "run-a", "evaluate", 0)
+    tracker.log_metrics(stage, {"resolved_rate": 0.5, "nan": float("nan")}, step=0)
+    tracker.log_outputs(stage, {"eval_report": small}, copy=True)
+    tracker.end(stage)
+    cached = tracker.start_stage_run(parent, "run-a", "evaluate", 1)
+    tracker.log_outputs(cached, {"eval_report": small}, copy=False)
+
+    run = tracker.client.get_run(stage)
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.tags["lego.stage"] == "evaluate" and run.data.tags["lego.iteration"] == "0"
+    assert run.data.metrics == {"resolved_rate": 0.5}
+    assert run.data.tags["lego.ref.eval_report"] == str(small)
+    assert [f.path for f in tracker.client.list_artifacts(stage, "eval_report")] == ["eval_report/report.json"]
+    assert tracker.client.list_artifacts(cached) == []  # a cache hit links, never copies
+    assert tracker.client.get_run(cached).data.tags["lego.ref.eval_report"] == str(small)
+    artifact_root = tracker.client.get_experiment(tracker.experiment_id).artifact_location
+    assert artifact_root.startswith(work.mlflow_artifacts.as_uri())
