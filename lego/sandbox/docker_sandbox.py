@@ -32,6 +32,35 @@ LABEL = "lego.sandbox"
 SNAPSHOT = "/opt/lego/repo"  # the pristine repository baked into every task image (read-only at run time)
 PROXY_MOUNT = "/lego-proxy"  # where the proxy's unix socket directory is mounted
 _OPEN: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
+KEEP_ENV = "LEGO_KEEP=1"  # in a process's environment: Lego's own (the proxy relay), spared by reclaim
+# SIGKILL every process but init, the container's `sleep infinity`, Lego's own and this one, until none is
+# left: what a fork bomb or stray background jobs leave behind. One process, so it needs one free pid.
+RECLAIM = f"""
+import os, signal
+me = os.getpid()
+def spare(pid):
+    try:
+        with open(f"/proc/{{pid}}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return True
+        with open(f"/proc/{{pid}}/environ", "rb") as f:
+            env = f.read()
+        with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+            cmd = f.read()
+    except (OSError, IndexError):
+        return True
+    return pid in (1, me) or b"{KEEP_ENV}" in env or cmd == b"sleep\\0infinity\\0"
+for _ in range(200):
+    victims = [int(p) for p in os.listdir("/proc") if p.isdigit() and not spare(int(p))]
+    if not victims:
+        break
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+print("reclaimed")
+"""
 
 
 class SandboxError(LegoError):
@@ -212,13 +241,31 @@ class DockerSandbox:
             "rm -rf $GIT_INDEX_FILE $GIT_OBJECT_DIRECTORY"
         )
         result = self.exec(script, timeout=120, output_limit=64 << 20)
+        if result.exit_code != 0 and self.reclaim_processes():
+            # Stray processes (a fork bomb) took every pid: the repository is intact, take its diff now.
+            result = self.exec(script, timeout=120, output_limit=64 << 20)
         if result.exit_code != 0:
             raise SandboxError(f"computing the diff in {self.name} failed: {result.output[-500:]}")
         return result.output
 
+    def reclaim_processes(self, tries: int = 40) -> bool:
+        """Kill every process the agent left running; retried while no pid is free to start the killer."""
+        api = self.client.api
+        for _ in range(tries):
+            try:
+                exec_id = api.exec_create(self.container.id, ["python3", "-c", RECLAIM], workdir="/")["Id"]
+                output = api.exec_start(exec_id)
+                if b"reclaimed" in (output or b""):
+                    return True
+            except (APIError, DockerException):
+                if not self.is_running():
+                    return False
+            time.sleep(0.25)
+        return False
+
     def start_proxy_relay(self, socket_name: str, port: int) -> str:
         """Expose the mounted proxy socket on the container's own loopback; returns the base URL."""
-        command = (f"nohup socat TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr "
+        command = (f"export {KEEP_ENV}; nohup socat TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr "
                    f"UNIX-CONNECT:{PROXY_MOUNT}/{socket_name} >/tmp/.lego-relay.log 2>&1 &")
         self.exec(command, timeout=10, workdir="/")
         for _ in range(50):
