@@ -72,8 +72,7 @@ class OpenCode:
     def launch(self, context: HarnessContext) -> HarnessLaunch:
         binary = locate(context, "node_modules/opencode-linux-x64/bin/opencode",
                         "node_modules/opencode-linux-x64-baseline/bin/opencode")
-        command = (f"IFS=' ' read -r -d '' -a words < {PROMPT_FILE}; "
-                   f'exec {binary} run --format json --auto -- "${{words[@]}}" < /dev/null')
+        command = f"exec {binary} run --format json --auto < {PROMPT_FILE}"
         env = {
             "HOME": HARNESS_HOME,
             "OPENCODE_CONFIG": CONFIG_FILE,

@@ -1,0 +1,142 @@
+"""The rollout stage: deterministic ids, persistence as rollouts end, SIGKILL mid-stage then rerun (no duplicate, no
+loss, containers reaped); the sandbox harness reaches only its own proxy session and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from rollout_helpers import bundled_task, installed, tool_call, with_overrides, worker
+
+from lego.records import TerminationReason
+
+pytestmark = pytest.mark.docker
+
+STAGE_SCRIPT = textwrap.dedent("""
+    import asyncio, json, sys
+    import docker
+    from lego.config import load_config
+    from lego.engine.transformers_engine import TransformersEngine
+    from lego.rollout import run_rollout_stage
+    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.workdir import WorkDir
+
+    args = json.loads(sys.argv[1])
+    config = load_config("test", args["overrides"])
+    tasks = [t for t in load_tasks("bundled").tasks if t.instance_id in args["tasks"]]
+    engine = TransformersEngine(args["model"], dtype="bfloat16", max_context=32768)
+    result = asyncio.run(run_rollout_stage(
+        tasks, config, WorkDir.create(args["work"]), engine, "stage-test", 0, taskset_root=BUNDLED_DIR,
+        docker_client=docker.DockerClient(base_url=args["docker"]), docker_host=args["docker"],
+        base_image=args["base_image"], progress=False))
+    print("STAGE", json.dumps({"new": [t.rollout_id for t in result.trajectories], "skipped": result.skipped}))
+""")
+
+
+def test_rollout_ids_are_deterministic_and_distinct():
+    from lego.rollout import rollout_id
+
+    assert rollout_id("run", 0, "task", 1) == rollout_id("run", 0, "task", 1)
+    ids = {rollout_id(run, it, task, s) for run in ("a", "b") for it in (0, 1) for task in ("t1", "t2")
+           for s in (0, 1)}
+    assert len(ids) == 16
+
+
+def test_sigkill_mid_stage_then_rerun_loses_and_duplicates_nothing(tmp_path, docker_engine, base_image,
+                                                                   tiny_model_path):
+    from lego.rollout import persisted_rollout_ids, rollout_id
+    from lego.sandbox.docker_sandbox import LABEL, DockerSandboxFactory
+
+    installed("mini-swe-agent")
+    tasks = ["lego-bundled__unitconv-1", "lego-bundled__unitconv-2"]
+    args = {"overrides": ["harness.name=mini-swe-agent", "harness.max_turns=1", "sampling.max_tokens=8",
+                          "rollout.samples_per_task=2", "rollout.concurrency=1"],
+            "tasks": tasks, "model": str(tiny_model_path), "work": str(tmp_path / "work"),
+            "docker": docker_engine.base_url, "base_image": base_image}
+    script = tmp_path / "stage.py"
+    script.write_text(STAGE_SCRIPT)
+    data_dir = tmp_path / "work" / "data" / "stage-test" / "rollout" / "iter=0"
+    command = [sys.executable, str(script), json.dumps(args)]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list(data_dir.glob("rollouts-*.parquet")):
+        assert first.poll() is None, first.stdout.read().decode()[-3000:]
+        time.sleep(0.5)
+    time.sleep(1.0)  # let the next rollout start: its sandbox is alive when the process dies
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    survivors = persisted_rollout_ids(data_dir)
+    assert 1 <= len(survivors) < 4
+    second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    report = json.loads(second.stdout.split("STAGE ", 1)[1])
+    assert set(report["skipped"]) == survivors
+    assert not set(report["new"]) & survivors
+    expected = {rollout_id("stage-test", 0, task, sample) for task in tasks for sample in range(2)}
+    import pyarrow.parquet as pq
+
+    rows = [row for path in data_dir.glob("rollouts-*.parquet")
+            for row in pq.read_table(path, columns=["rollout_id"]).column("rollout_id").to_pylist()]
+    assert sorted(rows) == sorted(expected)  # every rollout once: none lost, none twice
+    # The killed process's sandbox is reaped when a factory starts.
+    DockerSandboxFactory(docker_engine.client, __import__("lego.config", fromlist=["SandboxConfig"]).SandboxConfig())
+    dead_owner = [c for c in docker_engine.client.containers.list(all=True, filters={"label": LABEL})
+                  if c.labels.get("lego.owner_pid") == str(first.pid)]
+    assert dead_owner == []
+
+
+def test_sandbox_reaches_only_its_own_session_and_no_network(lego_config, work_dir, docker_engine, base_image,
+                                                            tiny_model_path):
+    """A harness's commands in the sandbox: no route out; its relay serves its own session and 404s any other."""
+    from lego.engine.scripted import ScriptedEngine
+    from lego.engine.tokenizer import load_tokenizer
+    from lego.engine.transformers_engine import TransformersEngine
+    from lego.rollout import RELAY_PORT, run_rollout
+    from lego.sandbox.task_image import ensure_task_image
+
+    installed("mini-swe-agent")
+    task, root = bundled_task()
+    probe = ("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 443), 3)\" "
+             "|| echo NETWORK-BLOCKED; curl -sS -m 3 https://pypi.org 2>&1 || echo CURL-BLOCKED")
+    script = [tool_call("bash", {"command": probe}),
+              tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
+    config = with_overrides(lego_config, harness={"name": "mini-swe-agent", "max_turns": 4, "timeout_s": 180},
+                            sampling={"max_tokens": 256})
+    scorer = TransformersEngine(tiny_model_path, dtype="bfloat16", max_context=32768)
+    engine = ScriptedEngine(scorer, load_tokenizer(), script)
+
+    async def go():
+        async with worker(config, work_dir, docker_engine, base_image, engine, "mini-swe-agent", root) as (ad, res):
+            trajectory = await run_rollout(task, ad, resources=res, config=config, rollout_id="net-probe")
+            # A sandbox with the relay, as sandbox harnesses get it: its own session answers, others do not.
+            image = ensure_task_image(docker_engine.client, task, base_image, root)
+            mine, other = res.proxy.open_session(), res.proxy.open_session()
+            res.proxy.close_session(other.id)
+            with res.factory.open(image, proxy_socket_dir=res.proxy.unix_path.parent) as sandbox:
+                relay = sandbox.start_proxy_relay(res.proxy.unix_path.name, RELAY_PORT)
+                statuses = {}
+                for name, sid in (("mine", mine.id), ("closed", other.id), ("guess", "x" * 32)):
+                    url = f"{relay}/s/{sid}/v1/models"
+                    statuses[name] = sandbox.exec(
+                        f"python3 -c \"import urllib.request as u, urllib.error as e\ntry: print(u.urlopen('{url}')"
+                        f".status)\nexcept e.HTTPError as x: print(x.code)\"").output.strip()
+                outside = sandbox.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 3)\"")
+            return trajectory, statuses, outside
+
+    try:
+        trajectory, statuses, outside = asyncio.run(go())
+    finally:
+        scorer.close()
+    assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-2000:]
+    transcript = Path(trajectory.metadata["transcripts"][0]).read_text()
+    assert "NETWORK-BLOCKED" in transcript and "CURL-BLOCKED" in transcript
+    assert statuses == {"mine": "200", "closed": "404", "guess": "404"}
+    assert outside.exit_code != 0
