@@ -203,11 +203,22 @@ class DockerSandbox:
             raise SandboxError(f"exec in {self.name} could not be inspected: {exc}") from exc
         if exit_code is None:
             exit_code = 137 if hard_timeout else -1
-        if not self.is_running():
+        # A killed container ends the exec's stream before the engine marks it exited: when the exit looks
+        # like a signal, give the engine a moment to say whether the whole container went down.
+        by_signal = exit_code < 0 or exit_code >= 128
+        if not self.is_running() or (by_signal and self._stops_within(2.0)):
             raise ContainerDied(f"container {self.name} died during exec (exit code {exit_code}): {output[-500:]}")
         timed_out = hard_timeout or (exit_code in (124, 137) and duration >= timeout - 0.5)
         return ExecResult(int(exit_code), output, timed_out=timed_out, truncated=state["truncated"],
                           duration_s=duration)
+
+    def _stops_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            if not self.is_running():
+                return True
+        return False
 
     def put_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         # Through exec, not `docker cp`: the root is read-only and the repo lives on a tmpfs.
