@@ -281,9 +281,43 @@ def tasks_synth(
 
 
 @tasks_app.command("validate")
-def tasks_validate(config: ConfigOption = "default", overrides: Overrides = None) -> None:
-    """Run gold and empty patches for every task in sandboxes; report broken tasks."""
-    _not_built("verification (Reliable execution)")
+def tasks_validate(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    runs: Annotated[int, typer.Option(min=1, help="Grade each patch this many times (flaky = results differ).")] = 3,
+    concurrency: Annotated[int, typer.Option(min=1, help="Sandboxes grading at once.")] = 2,
+) -> None:
+    """Run gold and empty patches for every task in sandboxes; report broken tasks (exit 1 if any)."""
+    from lego.sandbox.daemon import docker_engine
+    from lego.sandbox.image import ensure_base_image
+    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.verify.grader import Verifier
+    from lego.verify.validate import validate_tasks, write_report
+
+    cfg, work = _load(config, overrides)
+    loaded = load_tasks(cfg.tasks.source, "all", cfg.tasks.strict, cfg.tasks.limit)
+    for error in loaded.errors:
+        console.print(f"[yellow]skipped malformed row[/] {escape(str(error))}")
+    root = BUNDLED_DIR if cfg.tasks.source == "bundled" else None
+    with docker_engine(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon) as engine:
+        base = ensure_base_image(engine.client, cfg.docker, console)
+        verifier = Verifier(engine.client, base, cfg.sandbox, cfg.verify)
+        console.print(f"validating {len(loaded.tasks)} task(s): gold and empty patch, {runs} run(s) each, "
+                      f"{concurrency} at a time")
+        report = validate_tasks(verifier, loaded.tasks, runs=runs, concurrency=concurrency, taskset_root=root,
+                                console=console)
+    path = write_report(report, work.artifacts / "validate")
+    table = Table(title=f"lego tasks validate ({report.seconds:.0f}s)")
+    for column in ("task", "gold", "empty", "problems"):
+        table.add_column(column, overflow="fold")
+    for task in report.tasks:
+        status = "[red]" + ", ".join(task.problems) + "[/]" if task.broken else "[green]ok[/]"
+        table.add_row(task.instance_id, " ".join(task.gold), " ".join(task.empty), status)
+    Console().print(table)
+    console.print(f"report: {path}")
+    if report.broken:
+        console.print(f"[red]{len(report.broken)} broken task(s)[/]: " + ", ".join(t.instance_id for t in report.broken))
+        raise typer.Exit(1)
 
 
 @data_app.command("show")

@@ -1,0 +1,92 @@
+"""`lego tasks validate`: the bundled tasks are gradeable; broken tasks are reported as broken."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from repo_fixtures import make_calc_task
+
+from lego.verify.validate import classify
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def verifier(docker_engine, base_image, lego_config):
+    from lego.verify import Verifier
+
+    return Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify)
+
+
+@pytest.fixture(scope="module")
+def calc_task(tmp_path_factory):
+    return make_calc_task(tmp_path_factory.mktemp("calc-validate"))
+
+
+def test_every_bundled_task_is_resolved_by_its_gold_patch_and_not_by_the_empty_one(verifier):
+    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.verify.validate import validate_tasks
+
+    tasks = load_tasks("bundled", "all", strict=True).tasks
+    assert len(tasks) >= 8
+    report = validate_tasks(verifier, tasks, runs=1, concurrency=2, taskset_root=BUNDLED_DIR)
+    by_id = {task.instance_id: task for task in report.tasks}
+    assert set(by_id) == {task.instance_id for task in tasks}
+    for instance_id, result in by_id.items():
+        assert result.gold == ["resolved"], (instance_id, result.evidence)
+        assert result.empty == ["unresolved"], (instance_id, result.evidence)
+    assert report.broken == []
+
+
+def test_broken_tasks_are_reported_with_why(verifier, calc_task, tmp_path):
+    from lego.verify.validate import validate_tasks, write_report
+
+    no_fix = calc_task.model_copy(update={
+        "instance_id": "calc__gold-does-not-fix",
+        "patch": calc_task.patch.replace("+    return a + b", "+    return a - b  # still wrong")})
+    tests_nothing = calc_task.model_copy(update={
+        "instance_id": "calc__empty-resolves", "FAIL_TO_PASS": ["tests/test_calc.py::test_mul"],
+        "PASS_TO_PASS": []})
+    report = validate_tasks(verifier, [calc_task, no_fix, tests_nothing], runs=1, concurrency=2)
+    by_id = {task.instance_id: task for task in report.tasks}
+    assert not by_id[calc_task.instance_id].broken
+    assert by_id["calc__gold-does-not-fix"].problems == ["gold_not_resolved"]
+    failing = by_id["calc__gold-does-not-fix"].evidence["gold_not_resolved"]["failing"]
+    assert failing == {"FAIL_TO_PASS": ["tests/test_calc.py::test_add"]}
+    assert by_id["calc__empty-resolves"].problems == ["empty_resolves"]
+    path = write_report(report, tmp_path)
+    saved = json.loads(path.read_text())
+    assert saved["broken"] == ["calc__gold-does-not-fix", "calc__empty-resolves"]
+    assert saved["tasks_total"] == 3 and saved["runs"] == 1
+
+
+def test_classify_flags_flaky_and_infra_runs():
+    assert classify(["resolved"] * 3, ["unresolved"] * 3) == []
+    assert classify(["resolved", "unresolved", "resolved"], ["unresolved"] * 3) == ["flaky", "gold_not_resolved"]
+    assert classify(["resolved"] * 3, ["unresolved", "resolved", "unresolved"]) == ["flaky", "empty_resolves"]
+    assert classify(["resolved", "infra_error"], ["unresolved"] * 2) == ["infra_error"]
+    assert classify(["cheat"], ["unresolved"]) == ["gold_not_resolved"]
+
+
+def test_cli_writes_a_report_and_exits_nonzero_on_a_broken_task(calc_task, tmp_path, lego_config, docker_engine):
+    from typer.testing import CliRunner
+
+    from lego.cli import app
+
+    broken = calc_task.model_copy(update={"instance_id": "calc__broken",
+                                          "patch": calc_task.patch.replace("a + b", "a * b")})
+    source = tmp_path / "tasks.jsonl"
+    source.write_text(calc_task.model_dump_json() + "\n" + broken.model_dump_json() + "\n")
+    work = tmp_path / "work"
+    overrides = [f"tasks.source={source}", f"project.work_dir={work}", f"docker.host={docker_engine.base_url}"]
+    result = CliRunner().invoke(app, ["tasks", "validate", "-c", "test", "--runs", "1", *overrides])
+    assert result.exit_code == 1, result.output
+    (report_path,) = (work / "artifacts" / "validate").glob("tasks-validate-*.json")
+    report = json.loads(report_path.read_text())
+    assert report["broken"] == ["calc__broken"] and report["tasks_total"] == 2
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text(calc_task.model_dump_json() + "\n")
+    result = CliRunner().invoke(app, ["tasks", "validate", "-c", "test", "--runs", "1", f"tasks.source={ok}",
+                                      *overrides[1:]])
+    assert result.exit_code == 0, result.output
