@@ -1,0 +1,175 @@
+"""The pipeline's wiring on real Prefect (test harness), real MLflow, real DuckDB/Parquet and the real dataset and
+train stages; rollouts and grades come from tests/pipeline_doubles.py (the real ones run in test_pipeline_e2e.py).
+
+Covers: a full run; a second run served from cache in every stage; a train-config change recomputing only train
+and what follows; `stage train --from RUN`; a run killed mid-rollout resuming with nothing lost; a served
+deployment firing on its schedule; MLflow's runs, params, metrics and artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from lego import CONFIGS_DIR, REPO_ROOT
+
+TESTS_DIR = Path(__file__).resolve().parent
+ALL = ["tasks", "rollout/0", "verify/0", "dataset/0", "train/0", "evaluate/0"]
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        from prefect.settings import PREFECT_API_URL
+
+        yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="module")
+def overrides(tmp_path_factory, tiny_model_path):
+    work = tmp_path_factory.mktemp("pipeline") / "work"
+    return [f"project.work_dir={work}", "pipeline.runner=pipeline_doubles:DoubleRunner", "tasks.limit=2",
+            "eval.limit=1", "rollout.samples_per_task=2", f"model.path={tiny_model_path}"]
+
+
+def work_of(overrides):
+    from lego.workdir import WorkDir
+
+    return WorkDir(Path(overrides[0].split("=", 1)[1]))
+
+
+def run(overrides, extra=(), **kwargs):
+    from flows.pipeline import pipeline_flow
+
+    return pipeline_flow(config=str(CONFIGS_DIR / "test.yaml"), overrides=[*overrides, *extra], **kwargs)
+
+
+@pytest.fixture(scope="module")
+def first_run(prefect_api, overrides):
+    return run(overrides)
+
+
+def test_full_run_then_cached_rerun(first_run, overrides):
+    from lego.pipeline.manifest import load_manifest
+
+    assert first_run["computed"] == sorted(ALL) and first_run["served_from_cache"] == []
+    manifest = load_manifest(work_of(overrides), first_run["run_id"])
+    assert manifest.status == "completed"
+    train = manifest.get("train", 0)
+    assert train.data["trained"] and train.data["policy_version"] == 1
+    assert (Path(train.outputs["checkpoint"]) / "model.safetensors").is_file()
+    assert manifest.get("dataset", 0).metrics["in_loss"] == 4
+
+    second = run(overrides)
+    assert second["served_from_cache"] == sorted(ALL) and second["computed"] == []
+    assert {label: info["key"] for label, info in second["stages"].items()} == \
+        {label: info["key"] for label, info in first_run["stages"].items()}
+
+
+def test_train_change_reruns_train_and_what_follows(first_run, overrides):
+    changed = run(overrides, ["train.lr=3e-4"])
+    assert changed["served_from_cache"] == sorted(["tasks", "rollout/0", "verify/0", "dataset/0"])
+    assert changed["computed"] == ["evaluate/0", "train/0"]
+
+
+def test_stage_from_earlier_run(first_run, overrides):
+    from flows.pipeline import stage_flow
+
+    config = str(CONFIGS_DIR / "test.yaml")
+    same = stage_flow(stage="train", config=config, overrides=overrides, from_run=first_run["run_id"])
+    assert same["stage"]["cached"] and same["stage"]["key"] == first_run["stages"]["train/0"]["key"]
+    other = stage_flow(stage="train", config=config, overrides=[*overrides, "train.lr=5e-4"],
+                       from_run=first_run["run_id"])
+    assert not other["stage"]["cached"] and other["stage"]["key"] != first_run["stages"]["train/0"]["key"]
+    forced = stage_flow(stage="dataset", config=config, overrides=overrides, from_run=first_run["run_id"], force=True)
+    assert not forced["stage"]["cached"] and forced["stage"]["key"] == first_run["stages"]["dataset/0"]["key"]
+
+
+def test_mlflow_holds_runs_params_metrics_artifacts(first_run, overrides):
+    from lego.config import load_config
+    from lego.track.tracker import Tracker
+
+    config = load_config("test", overrides)
+    tracker = Tracker(config, work_of(overrides))
+    runs = tracker.client.search_runs([tracker.experiment_id], f"tags.`lego.run_id` = '{first_run['run_id']}'")
+    parent = next(r for r in runs if r.data.tags["lego.kind"] == "pipeline")
+    stages = {r.info.run_name: r for r in runs if r.data.tags["lego.kind"] == "stage"}
+    assert sorted(stages) == sorted(ALL)
+    assert parent.data.params["train.lr"] == str(config.train.lr)
+    assert parent.data.tags["lego.harness"] == "mini-swe-agent" and parent.data.tags["lego.task_set"] == "bundled"
+    assert "train.loss" in parent.data.metrics and "evaluate.resolved_rate" in parent.data.metrics
+    for run_ in stages.values():
+        assert run_.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run_.data.tags["lego.cached"] == "false" and run_.data.tags["lego.artifact_key"]
+    evaluate = stages["evaluate/0"]
+    assert {"resolved_rate", "resolved_low", "resolved_high", "infra_error_rate"} <= set(evaluate.data.metrics)
+    assert evaluate.data.tags["lego.policy_version"] == "1"
+    assert [a.path for a in tracker.client.list_artifacts(evaluate.info.run_id)] == ["eval_outcomes", "eval_report"]
+    assert Path(stages["train/0"].data.tags["lego.ref.checkpoint"]).is_dir()  # referenced, not copied
+    assert "input.train.lr" in stages["train/0"].data.params
+
+
+def _subprocess_env(prefect_api: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": f"{TESTS_DIR}:{REPO_ROOT}", **extra}
+
+
+def test_killed_run_resumes_with_nothing_lost(prefect_api, overrides, tmp_path):
+    from lego.pipeline.manifest import latest_run_id, load_manifest
+
+    fresh = [f"project.work_dir={tmp_path / 'work'}", *overrides[1:]]
+    command = [sys.executable, "-m", "lego.cli", "run", "-c", "test", *fresh]
+    killed = subprocess.run(command, env=_subprocess_env(prefect_api, LEGO_DOUBLE_KILL_AFTER="2"),
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    work = work_of(fresh)
+    run_id = latest_run_id(work)
+    before = load_manifest(work, run_id)
+    assert before.status == "running" and "tasks" in before.stages and "rollout/0" not in before.stages
+    kept = sorted(work.data.glob("rollout-*/rollout/iter=0/rollouts-*.parquet"))
+    assert len(kept) == 2
+
+    resumed = run(fresh, run_id=run_id, resume=True)
+    assert resumed["run_id"] == run_id and "tasks" in resumed["served_from_cache"]
+    files = sorted(work.data.glob("rollout-*/rollout/iter=0/rollouts-*.parquet"))
+    assert files[:2] == kept and len(files) == 4  # the two stored before the crash were not rerun
+    ids = [i for f in files for i in pq.read_table(f).column("rollout_id").to_pylist()]
+    assert len(ids) == len(set(ids)) == 4
+    assert load_manifest(work, run_id).status == "completed"
+
+
+def test_served_deployment_fires_on_schedule(prefect_api, first_run, overrides):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    name = "lego-test-pipeline"
+    command = [sys.executable, "-m", "lego.cli", "deploy", "-c", "test", *overrides, "schedule.interval_s=5"]
+    server = subprocess.Popen(command, env=_subprocess_env(prefect_api), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        states: list[str] = []
+        while time.monotonic() < deadline and "COMPLETED" not in states:
+            time.sleep(3)
+            assert server.poll() is None, server.stdout.read()[-3000:]
+            with get_client(sync_client=True) as client:
+                runs = client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])))
+            states = [r.state.type.value for r in runs if r.state is not None]
+            assert "FAILED" not in states and "CRASHED" not in states, states
+        assert "COMPLETED" in states, f"no scheduled run completed in time: {states}"
+    finally:
+        server.send_signal(signal.SIGINT)  # stop serving before the test server stops
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
