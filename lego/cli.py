@@ -386,21 +386,37 @@ def data_export(
 
 
 @app.command()
-def deploy(config: ConfigOption = "default", overrides: Overrides = None) -> None:
+def deploy(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    prefect_port: Annotated[int, typer.Option(help="Port of the Prefect server started when PREFECT_API_URL "
+                                                   "is not set.")] = 4200,
+) -> None:
     """Serve the pipeline and stage flows on cron schedules (Prefect deployments)."""
+    import os
+    import subprocess
+
     from lego.config import _resolve_config_path
-    from lego.pipeline.prefect_env import configure_prefect_env
+    from lego.pipeline.prefect_env import configure_prefect_env, start_prefect_server
 
     cfg, work = _load(config, overrides)
     configure_prefect_env(work)
-    import os
-
+    server = None
     if not os.environ.get("PREFECT_API_URL"):
-        console.print("[yellow]PREFECT_API_URL is not set: serving against a temporary local API that lives only "
-                      "as long as this command; run `lego server` and export PREFECT_API_URL for a lasting one[/]")
-    from flows.deploy import serve_deployments
+        # Prefect's ephemeral API runs no scheduler: schedules need a real server.
+        console.print(f"starting a Prefect server on 127.0.0.1:{prefect_port} (PREFECT_HOME {work.prefect_home})")
+        server = start_prefect_server(work, prefect_port)
+    try:
+        from flows.deploy import serve_deployments
 
-    serve_deployments(cfg, str(_resolve_config_path(config)), list(overrides or []))
+        serve_deployments(cfg, str(_resolve_config_path(config)), list(overrides or []))
+    finally:
+        if server is not None:  # serve has stopped first; now the server
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 @app.command()

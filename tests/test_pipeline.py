@@ -146,28 +146,42 @@ def test_killed_run_resumes_with_nothing_lost(prefect_api, overrides, tmp_path):
     assert load_manifest(work, run_id).status == "completed"
 
 
-def test_served_deployment_fires_on_schedule(prefect_api, first_run, overrides):
+def test_served_deployment_fires_on_schedule(first_run, overrides, tmp_path):
+    """`lego deploy` starts a Prefect server (the ephemeral API has no scheduler) and serves; a 5 s interval
+    schedule must fire and complete a pipeline run (served from cache: same config as the first run)."""
+    import socket
+
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    name = "lego-test-pipeline"
-    command = [sys.executable, "-m", "lego.cli", "deploy", "-c", "test", *overrides, "schedule.interval_s=5"]
-    server = subprocess.Popen(command, env=_subprocess_env(prefect_api), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = _subprocess_env("", PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="3", PREFECT_RUNNER_POLL_FREQUENCY="3",
+                          PREFECT_HOME=str(tmp_path / "prefect"))
+    env.pop("PREFECT_API_URL")
+    command = [sys.executable, "-m", "lego.cli", "deploy", "-c", "test", *overrides, "schedule.interval_s=5",
+               "--prefect-port", str(port)]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 300
         states: list[str] = []
-        while time.monotonic() < deadline and "COMPLETED" not in states:
-            time.sleep(3)
-            assert server.poll() is None, server.stdout.read()[-3000:]
-            with get_client(sync_client=True) as client:
-                runs = client.read_flow_runs(
-                    deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])))
-            states = [r.state.type.value for r in runs if r.state is not None]
-            assert "FAILED" not in states and "CRASHED" not in states, states
+        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
+            while time.monotonic() < deadline and "COMPLETED" not in states:
+                time.sleep(3)
+                assert server.poll() is None, server.stdout.read()[-3000:]
+                try:
+                    with get_client(sync_client=True) as client:
+                        runs = client.read_flow_runs(
+                            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["lego-test-pipeline"])))
+                except Exception:  # the server is still starting
+                    continue
+                states = [r.state.type.value for r in runs if r.state is not None]
+                assert "FAILED" not in states and "CRASHED" not in states, states
         assert "COMPLETED" in states, f"no scheduled run completed in time: {states}"
     finally:
-        server.send_signal(signal.SIGINT)  # stop serving before the test server stops
+        server.send_signal(signal.SIGINT)  # lego deploy stops serving, then its server
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:

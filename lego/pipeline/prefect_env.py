@@ -21,3 +21,33 @@ def configure_prefect_env(work: WorkDir) -> dict[str, str]:
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     return {key: os.environ[key] for key in defaults}
+
+
+def start_prefect_server(work: WorkDir, port: int, timeout_s: float = 180.0):
+    """`prefect server start` on loopback (with its scheduler), waited for; sets PREFECT_API_URL."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    env = {**os.environ, "PREFECT_HOME": str(work.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    work.logs.mkdir(parents=True, exist_ok=True)
+    log = open(work.logs / "prefect-server.log", "ab")
+    process = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
+                                "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the Prefect server exited; see {work.logs / 'prefect-server.log'}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    os.environ["PREFECT_API_URL"] = url
+                    return process
+        except OSError:
+            time.sleep(1)
+    process.terminate()
+    raise RuntimeError(f"the Prefect server did not answer on {url} within {timeout_s:.0f} s")
