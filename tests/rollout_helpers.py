@@ -51,9 +51,9 @@ def bundled_task(instance_id: str = "lego-bundled__unitconv-1") -> tuple[Task, o
 
 def installed(name: str):
     """The harness adapter and its install dir, or a skip saying why it cannot be installed here."""
+    from lego.errors import LegoError
     from lego.harness.base import get_harness
     from lego.harness.install import ensure_installed
-    from lego.errors import LegoError
 
     adapter = get_harness(name)
     try:

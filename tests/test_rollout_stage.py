@@ -120,16 +120,20 @@ def test_sandbox_reaches_only_its_own_session_and_no_network(lego_config, work_d
             image = ensure_task_image(docker_engine.client, task, base_image, root)
             mine, other = res.proxy.open_session(), res.proxy.open_session()
             res.proxy.close_session(other.id)
-            with res.factory.open(image, proxy_socket_dir=res.proxy.unix_path.parent) as sandbox:
-                relay = sandbox.start_proxy_relay(res.proxy.unix_path.name, RELAY_PORT)
-                statuses = {}
-                for name, sid in (("mine", mine.id), ("closed", other.id), ("guess", "x" * 32)):
-                    url = f"{relay}/s/{sid}/v1/models"
-                    statuses[name] = sandbox.exec(
-                        f"python3 -c \"import urllib.request as u, urllib.error as e\ntry: print(u.urlopen('{url}')"
-                        f".status)\nexcept e.HTTPError as x: print(x.code)\"").output.strip()
-                outside = sandbox.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 3)\"")
+            statuses, outside = await asyncio.to_thread(probe_relay, res, image, mine.id, other.id)
             return trajectory, statuses, outside
+
+    def probe_relay(res, image, mine_id, other_id):
+        with res.factory.open(image, proxy_socket_dir=res.proxy.unix_path.parent) as sandbox:
+            relay = sandbox.start_proxy_relay(res.proxy.unix_path.name, RELAY_PORT)
+            statuses = {}
+            for name, sid in (("mine", mine_id), ("closed", other_id), ("guess", "x" * 32)):
+                url = f"{relay}/s/{sid}/v1/models"
+                statuses[name] = sandbox.exec(
+                    f"python3 -c \"import urllib.request as u, urllib.error as e\ntry: print(u.urlopen('{url}')"
+                    f".status)\nexcept e.HTTPError as x: print(x.code)\"", timeout=30).output.strip()
+            outside = sandbox.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 3)\"")
+        return statuses, outside
 
     try:
         trajectory, statuses, outside = asyncio.run(go())
