@@ -1,0 +1,107 @@
+"""`lego bench rollout`: rollouts per hour under the scripted policy, per installed harness, and where the wall time
+goes (sandbox set-up, harness start, model calls, verification).
+
+Workload: the first bundled train task, the gold patch as the scripted policy in each harness's tool-call format,
+a few rollouts one after another per harness (the real tiny model scores the scripted tokens), each graded by the
+verifier in a fresh sandbox. Harnesses not installed yet are reported as skipped (install them with
+lego.harness.install.ensure_installed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from lego.bench import register
+from lego.config import LegoConfig
+from lego.workdir import WorkDir
+
+ROLLOUTS_PER_HARNESS = 2
+SCRIPTED_HARNESSES = ("mini-swe-agent", "claude-code", "opencode", "codex")
+
+
+def _tool_call(name: str, arguments: dict) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def gold_script(harness: str, patch: str) -> list[str]:
+    command = (f"cat > /tmp/lego-gold.patch <<'LEGO_GOLD_EOF'\n{patch}LEGO_GOLD_EOF\n"
+               "git apply /tmp/lego-gold.patch && rm /tmp/lego-gold.patch")
+    if harness == "mini-swe-agent":
+        return [_tool_call("bash", {"command": command}),
+                _tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
+    if harness == "claude-code":
+        return [_tool_call("Bash", {"command": command, "description": "apply"}), "Done."]
+    if harness == "opencode":
+        return ["Title", _tool_call("bash", {"command": command, "description": "apply"}), "Done."]
+    return [_tool_call("exec_command", {"cmd": command}), "Done."]
+
+
+async def _bench_harness(name: str, config: LegoConfig, work: WorkDir, engine_info, base_image: str,
+                         scorer, tokenizer, task, root, verifier) -> dict[str, Any]:
+    from lego.engine.scripted import ScriptedEngine
+    from lego.rollout import rollout_resources, run_rollout
+
+    rows = []
+    wall_start = time.monotonic()
+    for index in range(ROLLOUTS_PER_HARNESS):
+        engine = ScriptedEngine(scorer, tokenizer, gold_script(name, task.patch))
+        async with rollout_resources(config, work, engine, harness=name, docker_client=engine_info.client,
+                                     docker_host=engine_info.base_url, base_image=base_image,
+                                     taskset_root=root) as (adapter, resources):
+            trajectory = await run_rollout(task, adapter, resources=resources, config=config,
+                                           rollout_id=f"bench-{name}-{index}")
+        clock = time.monotonic()
+        outcome = await asyncio.to_thread(verifier.verify, task, trajectory, taskset_root=root)
+        rows.append({**trajectory.timings, "verify_s": time.monotonic() - clock, "outcome": outcome.kind.value,
+                     "termination": trajectory.termination.value})
+    wall = time.monotonic() - wall_start
+    parts = {key: sum(row.get(key, 0.0) for row in rows)
+             for key in ("sandbox_setup_s", "harness_start_s", "model_s", "verify_s")}
+    return {
+        "rollouts": len(rows), "wall_s": round(wall, 2),
+        "rollouts_per_hour": round(3600 * len(rows) / wall, 1),
+        "share_of_wall": {key.removesuffix("_s"): round(value / wall, 3) for key, value in parts.items()},
+        "outcomes": [row["outcome"] for row in rows], "terminations": [row["termination"] for row in rows],
+    }
+
+
+@register("rollout")
+def bench_rollout(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
+    from lego.engine.checkpoint import default_model_path, init_tiny_model
+    from lego.engine.tokenizer import load_tokenizer
+    from lego.engine.transformers_engine import TransformersEngine
+    from lego.harness.base import get_harness
+    from lego.harness.install import is_installed
+    from lego.sandbox.daemon import docker_engine
+    from lego.sandbox.image import ensure_base_image
+    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.verify.grader import Verifier
+
+    task = next(task for task in load_tasks("bundled").tasks if task.split == "train")
+    model_path = default_model_path(config, work)
+    if not (model_path / "config.json").exists():
+        init_tiny_model(config.model.init, model_path, seed=config.project.seed)
+    sampling = config.sampling.model_copy(update={"max_tokens": max(config.sampling.max_tokens, 2048)})
+    bench_config = config.model_copy(update={"sampling": sampling})
+    scorer = TransformersEngine(model_path, dtype="float32", max_context=32768)
+    tokenizer = load_tokenizer()
+    results: dict[str, Any] = {"task": task.instance_id, "rollouts_per_harness": ROLLOUTS_PER_HARNESS,
+                               "harnesses": {}}
+    try:
+        with docker_engine(work.docker_root, config.docker.host, config.docker.start_private_daemon) as info:
+            base_image = ensure_base_image(info.client, config.docker)
+            verifier = Verifier(info.client, base_image, config.sandbox, config.verify)
+            for name in SCRIPTED_HARNESSES:
+                if not is_installed(get_harness(name), None):
+                    results["harnesses"][name] = {"skipped": "not installed"}
+                    continue
+                harness_config = bench_config.model_copy(update={"harness": bench_config.harness.model_copy(
+                    update={"name": name, "max_turns": 6})})
+                results["harnesses"][name] = asyncio.run(_bench_harness(
+                    name, harness_config, work, info, base_image, scorer, tokenizer, task, BUNDLED_DIR, verifier))
+    finally:
+        scorer.close()
+    return results
