@@ -1,1 +1,7 @@
 
+
+from lego.harness.base import HarnessAdapter, HarnessSpec, get_harness, harness_names, register
+from lego.harness.install import ensure_installed, is_installed
+
+__all__ = ["HarnessAdapter", "HarnessSpec", "ensure_installed", "get_harness", "harness_names", "is_installed",
+           "register"]
