@@ -52,3 +52,15 @@ def test_test_patch_that_does_not_apply_is_infra_and_retried(verifier, calc_task
     assert outcome.kind == "infra_error" and outcome.reward is None
     assert outcome.evidence["check"] == "test_patch_does_not_apply"
     assert outcome.attempts == verifier.config.infra_retries + 1
+
+
+def test_a_patch_that_hangs_the_tests_is_unresolved_not_infra(docker_engine, base_image, lego_config, calc_task):
+    from lego.verify import Verifier
+
+    quick = Verifier(docker_engine.client, base_image, lego_config.sandbox,
+                     lego_config.verify.model_copy(update={"timeout_s": 8.0, "infra_retries": 0}))
+    hang = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,4 @@\n def add(a, b):\n"
+            "-    return a - b\n+    while True:\n+        pass\n+    return a + b\n")
+    outcome = quick.verify(calc_task, diff=hang)
+    assert outcome.kind == "unresolved", outcome.evidence
+    assert outcome.evidence["check"] == "verifier_timeout_caused_by_patch"

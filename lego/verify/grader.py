@@ -35,6 +35,7 @@ OOM_KILLS = ("{ grep -s '^oom_kill ' /sys/fs/cgroup/memory.events || "
              "awk '{print $2}'")
 SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
 SUMMARY_END = re.compile(r"^=+ .* =+$")
+PATCH_ATTRIBUTABLE = {"verifier_timeout", "oom_killed"}
 RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
                       5: "no tests collected"}
 TERMINATION_OUTCOME = {
@@ -168,7 +169,24 @@ class Verifier:
                 if applied.exit_code != 0:
                     evidence.update(check="agent_patch_does_not_apply", apply_output=applied.output[-2000:])
                     return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
-            log, code = self._run_tests(sandbox, task, "with the agent's patch")
+            try:
+                log, code = self._run_tests(sandbox, task, "with the agent's patch")
+            except InfraFailure as failure:
+                if failure.check not in PATCH_ATTRIBUTABLE or not screening.kept:
+                    raise
+                blamed = failure
+            else:
+                blamed = None
+            if blamed is not None:
+                # A patch that loops forever or eats memory must not escape the loss as an infra error:
+                # when the tests finish without the patch, the patch is to blame.
+                try:
+                    self._control_run(task, image)
+                except InfraFailure:
+                    raise blamed from None
+                evidence.update(check=f"{blamed.check}_caused_by_patch", error=str(blamed))
+                return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, blamed.log,
+                                     blamed.exit_code)
             origin = sandbox.exec("python3 -c 'import pytest; print(pytest.__file__)'", timeout=60).output.strip()
             if not origin.startswith("/usr/"):
                 rules.setdefault("grading_tampered", []).append(f"pytest imported from {origin}")
