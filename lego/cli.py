@@ -66,6 +66,11 @@ def setup(config: ConfigOption = "default", overrides: Overrides = None) -> None
         console.print(f"[green]base image[/] {tag}")
     model = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)
     console.print(f"[green]policy[/] {model}")
+    from lego.harness import get_harness
+    from lego.harness.install import ensure_installed
+
+    harness = ensure_installed(get_harness(cfg.harness.name), cfg.harness.version)
+    console.print(f"[green]harness[/] {cfg.harness.name} at {harness}")
 
 
 @app.command()

@@ -341,7 +341,9 @@ async def run_rollout(task: Task, adapter: HarnessAdapter, *, resources: Rollout
             rollout_id=rollout_id, task_id=task.instance_id, harness=adapter.spec.name,
             policy_version=int(getattr(resources.proxy.engine, "policy_version", 0)), iteration=iteration,
             sample_index=sample_index,
-            metadata={"harness_version": resources.install_dir.name, "protocol": adapter.spec.protocol})
+            metadata={"harness_version": resources.install_dir.name, "protocol": adapter.spec.protocol,
+                      # the difficulty filter compares pass rates at the policy's sampling temperature
+                      "temperature": config.sampling.temperature})
         scratch = Path(tempfile.mkdtemp(prefix="lego-rollout-"))
         try:
             await _attempt(task, adapter, resources, config, trajectory, scratch)
