@@ -88,6 +88,16 @@ def _model(config: LegoConfig, work: WorkDir) -> tuple[bool, str, str]:
     return False, f"no checkpoint at {path}", "run `lego model init` (or `lego setup`)"
 
 
+def _harness(config: LegoConfig) -> tuple[bool, str, str]:
+    from lego.harness import get_harness
+    from lego.harness.install import install_dir, is_installed
+
+    adapter = get_harness(config.harness.name)
+    if is_installed(adapter, config.harness.version):
+        return True, f"{config.harness.name} at {install_dir(adapter, config.harness.version)}", ""
+    return False, f"{config.harness.name} is not installed", "run `lego setup` (installs the configured harness)"
+
+
 def _disk(work: WorkDir) -> tuple[bool, str, str]:
     free_gb = shutil.disk_usage(work.root).free / 2**30
     return free_gb >= 5, f"{free_gb:.1f} GiB free at {work.root}", "free at least 5 GiB or move project.work_dir"
@@ -113,6 +123,7 @@ def run_checks(config: LegoConfig, work: WorkDir) -> list[Check]:
         _check("docker engine + base image", True, lambda: _docker(config, work)),
         _check("qwen3 tokenizer", True, _tokenizer),
         _check("policy checkpoint", True, lambda: _model(config, work)),
+        _check(f"harness {config.harness.name}", True, lambda: _harness(config)),
         _check("disk space", True, lambda: _disk(work)),
         _check("gpu", False, _gpu),
         _check("vllm", False, _module("vllm", "optional: pip install -e '.[gpu]' on a CUDA machine")),
