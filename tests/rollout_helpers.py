@@ -23,6 +23,17 @@ def gold_command(task: Task) -> str:
             f"git apply {GOLD_FILE} && rm {GOLD_FILE} && git status --short")
 
 
+def gold_path(task: Task) -> str:
+    return next(line[6:] for line in task.patch.splitlines() if line.startswith("+++ b/"))
+
+
+def gold_edit(task: Task) -> tuple[str, str]:
+    """The removed and the added lines of a one-hunk gold patch (a str_replace that applies it)."""
+    body = [line for line in task.patch.splitlines() if not line.startswith(("---", "+++"))]
+    return ("\n".join(line[1:] for line in body if line.startswith("-")),
+            "\n".join(line[1:] for line in body if line.startswith("+")))
+
+
 def gold_script(harness: str, task: Task) -> list[str]:
     """The gold solution as a scripted policy for `harness`."""
     if harness == "mini-swe-agent":
@@ -39,6 +50,13 @@ def gold_script(harness: str, task: Task) -> list[str]:
     if harness == "codex":
         return ["I will apply the fix.\n" + tool_call("exec_command", {"cmd": gold_command(task)}),
                 "The fix is applied."]
+    if harness == "openhands":  # the fix through its file editor, so that the edit must land in the container
+        old, new = gold_edit(task)
+        return ["Let me look first.\n" + tool_call("terminal", {"command": "git status --short && pwd"}),
+                "I will fix it.\n" + tool_call("file_editor", {
+                    "command": "str_replace", "path": f"{task.environment.workdir}/{gold_path(task)}",
+                    "old_str": old, "new_str": new}),
+                tool_call("finish", {"message": "The fix is applied."})]
     raise ValueError(harness)
 
 

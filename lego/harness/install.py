@@ -56,17 +56,27 @@ def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> No
                            f"{(result.stdout + result.stderr)[-3000:]}")
 
 
+def _runs_as(binary: str, version: str) -> bool:
+    """Whether `binary` starts and is Python `version` (a pyenv shim on PATH may name a version it cannot run)."""
+    try:
+        result = subprocess.run([binary, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0 and result.stdout.strip() == version
+
+
 def find_python(version: str) -> str:
     """An interpreter for `version` (e.g. "3.12"): this one, python3.X on PATH, or a pyenv install."""
     if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
         return sys.executable
     found = shutil.which(f"python{version}")
-    if found:
+    if found and _runs_as(found, version):
         return found
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     for candidate in sorted(pyenv.glob(f"{version}.*"), reverse=True):
         binary = candidate / "bin" / f"python{version}"
-        if binary.is_file():
+        if binary.is_file() and _runs_as(str(binary), version):
             return str(binary)
     raise HarnessError(f"Python {version} is needed for this harness and none was found; install it "
                        f"(for example `pyenv install {version}`) and put python{version} on PATH")

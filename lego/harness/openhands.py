@@ -1,0 +1,105 @@
+"""OpenHands, the V1 SDK (PyPI `openhands-sdk` + `openhands-tools`), beside the sandbox.
+
+The SDK needs Python 3.12 (its own cached venv; a 3.12 interpreter must exist on the machine: python3.12 on PATH
+or a pyenv install). It runs on the host (runners/openhands_runner.py) with the SDK's default CLI agent; its
+terminal is the SDK's own PTY session on a `bash -i` inside the sandbox container (runners/docker_shell.py) and its
+file editor is the SDK's own, acting on the container's files (see the runner). Model calls: OpenAI chat
+completions, non-streaming, native tool calling, to the proxy session on the host's loopback.
+It ends when the model calls `finish` or answers without a tool call (status finished), when its stuck detector
+stops it (stuck: its own ending, counted as completed), or at max_iteration_per_run = max_turns
+(MaxIterationsReached). Its events are the transcript (JSON lines), read back for the verifier's actions.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from lego.harness.base import (
+    MODEL_NAME,
+    HarnessContext,
+    HarnessLaunch,
+    HarnessRunResult,
+    HarnessSpec,
+    register,
+)
+from lego.harness.mini_swe_agent import result_line
+from lego.records import TerminationReason
+
+RUNNER = Path(__file__).parent / "runners" / "openhands_runner.py"
+SHELL_TOOLS = {"terminal", "execute_bash", "bash"}
+
+
+def action_of(tool: str, arguments: dict) -> str:
+    """A shell command as itself; any other tool call as `tool {json arguments}` (paths and contents included)."""
+    command = arguments.get("command")
+    if tool in SHELL_TOOLS and isinstance(command, str):
+        return command
+    return f"{tool} {json.dumps(arguments, ensure_ascii=False, sort_keys=True)}"
+
+
+def transcript_events(transcripts: dict[str, str]) -> list[dict]:
+    events = []
+    for text in transcripts.values():
+        for line in text.splitlines():
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                events.append(value)
+    return events
+
+
+@register("openhands")
+class OpenHands:
+    spec = HarnessSpec(
+        name="openhands", protocol="openai_chat", default_version="1.58.2", install_kind="venv",
+        packages=("openhands-sdk=={version}", "openhands-tools=={version}", "docker>=7.1"), python="3.12",
+        runs="beside", prompt_via="the task text in a JSON spec file, sent as the conversation's first message",
+        ends_by=("exit", "max_turns", "time_limit"),
+        transcript="the conversation's events as JSON lines in the rollout's host scratch dir",
+        optional=True,  # a 500 MB venv on Python 3.12, which not every machine has
+    )
+
+    def launch(self, context: HarnessContext) -> HarnessLaunch:
+        transcript = context.scratch / "openhands.events.jsonl"
+        spec_path = context.scratch / "openhands-spec.json"
+        spec = {"task": context.prompt, "container_id": context.container_id, "workdir": context.workdir,
+                "api_base": context.openai_base_url, "model": MODEL_NAME, "max_iterations": context.max_turns,
+                "scratch": str(context.scratch / "openhands"), "transcript": str(transcript)}
+        python = context.install_dir / "venv" / "bin" / "python"
+        env = {
+            "DOCKER_HOST": context.docker_host,
+            "HOME": str(context.scratch / "openhands-home"),  # no user-level skills, plugins or settings
+            "OPENHANDS_SUPPRESS_BANNER": "1",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of litellm's cost map
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+        }
+        return HarnessLaunch(
+            command=(f"mkdir -p {shlex.quote(env['HOME'])} {shlex.quote(spec['scratch'])} && "
+                     f"exec {shlex.quote(str(python))} {shlex.quote(str(RUNNER))} {shlex.quote(str(spec_path))}"),
+            env=env, files={str(spec_path): json.dumps(spec).encode()}, transcripts=[str(transcript)])
+
+    def termination(self, result: HarnessRunResult) -> TerminationReason:
+        final = result_line(result.output)
+        if "MaxIterationsReached" in final.get("errors", []):
+            return TerminationReason.max_turns
+        if final.get("status") in {"finished", "stuck"}:
+            return TerminationReason.completed
+        return TerminationReason.harness_crash
+
+    def actions(self, result: HarnessRunResult) -> list[str]:
+        found = []
+        for event in transcript_events(result.transcripts):
+            if event.get("kind") != "ActionEvent":
+                continue
+            call = (event.get("tool_call") or {})
+            try:
+                arguments = json.loads(call.get("arguments") or "{}")
+            except ValueError:
+                arguments = {"arguments": call.get("arguments")}
+            found.append(action_of(event.get("tool_name") or call.get("name", ""), arguments if isinstance(
+                arguments, dict) else {"arguments": arguments}))
+        return found
