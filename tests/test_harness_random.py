@@ -19,6 +19,8 @@ EXPECTED = {
     "claude-code": {TerminationReason.completed, TerminationReason.max_turns},
     "opencode": {TerminationReason.completed, TerminationReason.max_turns},
     "codex": {TerminationReason.completed, TerminationReason.max_turns},
+    # A reply without a tool call finishes the conversation (status finished); else MaxIterationsReached.
+    "openhands": {TerminationReason.completed, TerminationReason.max_turns},
 }
 
 

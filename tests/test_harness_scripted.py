@@ -4,9 +4,18 @@ calls), through the proxy, in a sandbox; the verifier grades the final diff reso
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
-from rollout_helpers import bundled_task, gold_script, installed, with_overrides, worker
+from rollout_helpers import (
+    bundled_task,
+    gold_command,
+    gold_script,
+    installed,
+    tool_call,
+    with_overrides,
+    worker,
+)
 
 from lego.records import TerminationReason
 
@@ -24,7 +33,7 @@ def scorer(tiny_model_path):
     engine.close()
 
 
-def solve(harness, lego_config, work_dir, docker_engine, base_image, scorer):
+def solve(harness, lego_config, work_dir, docker_engine, base_image, scorer, script=None):
     from lego.engine.scripted import ScriptedEngine
     from lego.engine.tokenizer import load_tokenizer
     from lego.rollout import run_rollout
@@ -33,7 +42,7 @@ def solve(harness, lego_config, work_dir, docker_engine, base_image, scorer):
     task, root = bundled_task()
     config = with_overrides(lego_config, harness={"name": harness, "max_turns": 6, "timeout_s": 240},
                             sampling={"max_tokens": 2048})
-    engine = ScriptedEngine(scorer, load_tokenizer(), gold_script(harness, task))
+    engine = ScriptedEngine(scorer, load_tokenizer(), script or gold_script(harness, task))
 
     async def go():
         async with worker(config, work_dir, docker_engine, base_image, engine, harness, root) as (adapter, res):
@@ -62,6 +71,23 @@ def test_mini_swe_agent_solves_a_task(lego_config, work_dir, docker_engine, base
     check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
     assert [call.protocol for call in trajectory.calls] == ["openai_chat", "openai_chat"]
     assert [call.kind for call in trajectory.calls] == ["start", "extend"]
+    # The verifier's actions are the commands mini ran, read back from its trajectory.
+    assert trajectory.metadata["actions"] == [gold_command(task), "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+
+
+def test_digging_in_git_history_is_flagged(lego_config, work_dir, docker_engine, base_image, scorer):
+    from lego.verify.grader import Verifier
+
+    task, _ = bundled_task()
+    script = ["Let me look at the history.\n" + tool_call("bash", {"command": "git log --all --oneline | head -5"}),
+              *gold_script("mini-swe-agent", task)]
+    task, root, trajectory = solve("mini-swe-agent", lego_config, work_dir, docker_engine, base_image, scorer,
+                                   script)
+    assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-3000:]
+    assert trajectory.metadata["actions"][0] == "git log --all --oneline | head -5"
+    outcome = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify).verify(
+        task, trajectory, taskset_root=root)
+    assert "git_history_sought" in outcome.cheat_rules, outcome
 
 
 def test_claude_code_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
@@ -69,3 +95,15 @@ def test_claude_code_solves_a_task(lego_config, work_dir, docker_engine, base_im
     check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
     assert {call.protocol for call in trajectory.calls} == {"anthropic_messages"}
     assert trajectory.num_turns == 2
+
+
+def test_openhands_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
+    # Its script looks with the terminal and fixes with the file editor: both must act inside the sandbox.
+    task, root, trajectory = solve("openhands", lego_config, work_dir, docker_engine, base_image, scorer)
+    check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
+    assert {call.protocol for call in trajectory.calls} == {"openai_chat"}
+    actions = trajectory.metadata["actions"]
+    assert actions[0] == "git status --short && pwd" and actions[1].startswith("file_editor ")
+    assert actions[-1].startswith("finish ")
+    events = Path(trajectory.metadata["transcripts"][0]).read_text()
+    assert f'"working_dir":"{task.environment.workdir}"' in events  # the terminal's pwd: inside the container

@@ -173,3 +173,51 @@ def last_json_line(output: str, predicate: Callable[[dict], bool] = lambda _: Tr
             if isinstance(value, dict) and predicate(value):
                 return value
     return {}
+
+
+SHELL_TOOLS = {"bash", "Bash", "terminal", "execute_bash", "exec_command", "shell"}
+
+
+def action_of(tool: str, arguments) -> str:
+    """One action as the verifier scans it: a shell command as itself, any other tool call as
+    `tool {json arguments}` (so that paths read and contents written are visible too)."""
+    import json
+
+    if not isinstance(arguments, dict):
+        arguments = {"arguments": arguments}
+    command = arguments.get("command", arguments.get("cmd"))
+    if tool in SHELL_TOOLS and isinstance(command, str):
+        return command
+    if tool in SHELL_TOOLS and isinstance(command, list):
+        return " ".join(str(part) for part in command)
+    return f"{tool} {json.dumps(arguments, ensure_ascii=False, sort_keys=True)}"
+
+
+def json_lines(text: str) -> list[dict]:
+    """The JSON objects among the lines of `text` (other lines skipped)."""
+    import json
+
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                found.append(value)
+    return found
+
+
+def parse_arguments(raw) -> dict:
+    """Tool-call arguments as sent (a JSON string) or already parsed."""
+    import json
+
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw or "{}")
+    except (TypeError, ValueError):
+        return {"arguments": raw}
+    return value if isinstance(value, dict) else {"arguments": value}

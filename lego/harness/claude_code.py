@@ -18,6 +18,8 @@ from lego.harness.base import (
     HarnessLaunch,
     HarnessRunResult,
     HarnessSpec,
+    action_of,
+    json_lines,
     last_json_line,
     locate,
     register,
@@ -65,3 +67,16 @@ class ClaudeCode:
         if subtype == "success" and result.exit_code == 0:
             return TerminationReason.completed
         return TerminationReason.harness_crash
+
+    def actions(self, result: HarnessRunResult) -> list[str]:
+        """The tool_use inputs of the session transcript's assistant entries (Bash as its command), in order."""
+        found, seen = [], set()
+        for text in result.transcripts.values():
+            for entry in json_lines(text):
+                message = entry.get("message") if entry.get("type") == "assistant" else None
+                content = message.get("content") if isinstance(message, dict) else None
+                for block in content if isinstance(content, list) else []:
+                    if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id") not in seen:
+                        seen.add(block.get("id"))
+                        found.append(action_of(block.get("name", ""), block.get("input") or {}))
+        return found

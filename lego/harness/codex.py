@@ -17,6 +17,7 @@ from lego.harness.base import (
     HarnessLaunch,
     HarnessRunResult,
     HarnessSpec,
+    action_of,
     locate,
     register,
 )
@@ -79,3 +80,20 @@ class Codex:
         if result.exit_code == 0 and "turn.completed" in kinds:
             return TerminationReason.completed
         return TerminationReason.harness_crash
+
+    def actions(self, result: HarnessRunResult) -> list[str]:
+        """Its `command_execution` items on stdout (once each, started or completed), and other tool items
+        (file changes, MCP calls, web searches) as JSON, in order."""
+        items: dict[str, dict] = {}
+        for event in events(result.output):
+            item = event.get("item")
+            if event["type"] in {"item.started", "item.completed"} and isinstance(item, dict):
+                items[str(item.get("id", len(items)))] = item
+        found = []
+        for item in items.values():
+            kind = item.get("type")
+            if kind == "command_execution" and isinstance(item.get("command"), str):
+                found.append(item["command"])
+            elif kind in {"file_change", "mcp_tool_call", "web_search"}:
+                found.append(action_of(kind, {key: value for key, value in item.items() if key not in {"id", "type"}}))
+        return found

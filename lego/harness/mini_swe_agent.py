@@ -20,6 +20,8 @@ from lego.harness.base import (
     HarnessLaunch,
     HarnessRunResult,
     HarnessSpec,
+    action_of,
+    parse_arguments,
     register,
 )
 from lego.records import TerminationReason
@@ -75,3 +77,19 @@ class MiniSweAgent:
         if status == "LimitsExceeded":
             return TerminationReason.max_turns
         return TerminationReason.harness_crash
+
+    def actions(self, result: HarnessRunResult) -> list[str]:
+        """The bash commands of the trajectory's assistant tool calls, in order."""
+        found = []
+        for text in result.transcripts.values():
+            try:
+                messages = json.loads(text).get("messages", [])
+            except (ValueError, AttributeError):
+                continue
+            for message in messages:
+                if not isinstance(message, dict) or message.get("role") != "assistant":
+                    continue
+                for call in message.get("tool_calls") or []:
+                    function = call.get("function") or {}
+                    found.append(action_of(function.get("name", ""), parse_arguments(function.get("arguments"))))
+        return found

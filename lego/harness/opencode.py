@@ -22,6 +22,7 @@ from lego.harness.base import (
     HarnessLaunch,
     HarnessRunResult,
     HarnessSpec,
+    action_of,
     locate,
     register,
 )
@@ -97,3 +98,13 @@ class OpenCode:
         if max_turns and steps >= max_turns:
             return TerminationReason.max_turns
         return TerminationReason.completed
+
+    def actions(self, result: HarnessRunResult) -> list[str]:
+        """The inputs of its `tool_use` events on stdout (bash as its command), in order."""
+        found = []
+        for event in events(result.output):
+            part = event.get("part") if event["type"] == "tool_use" else None
+            if isinstance(part, dict):
+                state = part.get("state") or {}
+                found.append(action_of(part.get("tool", ""), state.get("input") or {}))
+        return found

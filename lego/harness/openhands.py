@@ -22,36 +22,15 @@ from lego.harness.base import (
     HarnessLaunch,
     HarnessRunResult,
     HarnessSpec,
+    action_of,
+    json_lines,
+    parse_arguments,
     register,
 )
 from lego.harness.mini_swe_agent import result_line
 from lego.records import TerminationReason
 
 RUNNER = Path(__file__).parent / "runners" / "openhands_runner.py"
-SHELL_TOOLS = {"terminal", "execute_bash", "bash"}
-
-
-def action_of(tool: str, arguments: dict) -> str:
-    """A shell command as itself; any other tool call as `tool {json arguments}` (paths and contents included)."""
-    command = arguments.get("command")
-    if tool in SHELL_TOOLS and isinstance(command, str):
-        return command
-    return f"{tool} {json.dumps(arguments, ensure_ascii=False, sort_keys=True)}"
-
-
-def transcript_events(transcripts: dict[str, str]) -> list[dict]:
-    events = []
-    for text in transcripts.values():
-        for line in text.splitlines():
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                events.append(value)
-    return events
-
-
 @register("openhands")
 class OpenHands:
     spec = HarnessSpec(
@@ -91,15 +70,12 @@ class OpenHands:
         return TerminationReason.harness_crash
 
     def actions(self, result: HarnessRunResult) -> list[str]:
+        """The tool calls of its ActionEvents (terminal commands as themselves), in order."""
         found = []
-        for event in transcript_events(result.transcripts):
-            if event.get("kind") != "ActionEvent":
-                continue
-            call = (event.get("tool_call") or {})
-            try:
-                arguments = json.loads(call.get("arguments") or "{}")
-            except ValueError:
-                arguments = {"arguments": call.get("arguments")}
-            found.append(action_of(event.get("tool_name") or call.get("name", ""), arguments if isinstance(
-                arguments, dict) else {"arguments": arguments}))
+        for text in result.transcripts.values():
+            for event in json_lines(text):
+                if event.get("kind") == "ActionEvent":
+                    call = event.get("tool_call") or {}
+                    found.append(action_of(event.get("tool_name") or call.get("name", ""),
+                                           parse_arguments(call.get("arguments"))))
         return found
