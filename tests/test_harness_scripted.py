@@ -95,6 +95,7 @@ def test_claude_code_solves_a_task(lego_config, work_dir, docker_engine, base_im
     check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
     assert {call.protocol for call in trajectory.calls} == {"anthropic_messages"}
     assert trajectory.num_turns == 2
+    assert trajectory.metadata["actions"] == [gold_command(task)]  # its Bash tool_use, from the session JSONL
 
 
 def test_openhands_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
