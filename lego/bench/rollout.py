@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
@@ -19,7 +20,10 @@ from lego.config import LegoConfig
 from lego.workdir import WorkDir
 
 ROLLOUTS_PER_HARNESS = 2
-SCRIPTED_HARNESSES = ("mini-swe-agent", "claude-code", "opencode", "codex")
+SCRIPTED_HARNESSES = ("mini-swe-agent", "claude-code", "opencode", "codex", "openhands")
+# A comma-separated subset of SCRIPTED_HARNESSES to run (all installed ones when unset). The scorer keeps the full
+# log-softmax of each prompt in memory: Claude Code's ~25k-token prompt needs ~30 GB, more than a small machine has.
+HARNESSES_ENV = "LEGO_BENCH_HARNESSES"
 
 
 def _tool_call(name: str, arguments: dict) -> str:
@@ -36,6 +40,8 @@ def gold_script(harness: str, patch: str) -> list[str]:
         return [_tool_call("Bash", {"command": command, "description": "apply"}), "Done."]
     if harness == "opencode":
         return ["Title", _tool_call("bash", {"command": command, "description": "apply"}), "Done."]
+    if harness == "openhands":
+        return [_tool_call("terminal", {"command": command}), _tool_call("finish", {"message": "Done."})]
     return [_tool_call("exec_command", {"cmd": command}), "Done."]
 
 
@@ -94,7 +100,11 @@ def bench_rollout(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
         with docker_engine(work.docker_root, config.docker.host, config.docker.start_private_daemon) as info:
             base_image = ensure_base_image(info.client, config.docker)
             verifier = Verifier(info.client, base_image, config.sandbox, config.verify)
+            chosen = [name.strip() for name in os.environ.get(HARNESSES_ENV, "").split(",") if name.strip()]
             for name in SCRIPTED_HARNESSES:
+                if chosen and name not in chosen:
+                    results["harnesses"][name] = {"skipped": f"not in ${HARNESSES_ENV}"}
+                    continue
                 if not is_installed(get_harness(name), None):
                     results["harnesses"][name] = {"skipped": "not installed"}
                     continue
