@@ -36,6 +36,9 @@ from lego.engine.checkpoint import load_model, moe_routers
 from lego.errors import ModelError
 
 
+SCORE_CHUNK = 512  # positions per LM-head chunk when scoring
+
+
 @dataclass
 class _GenerateJob:
     prompt_ids: list[int]
@@ -232,9 +235,17 @@ class TransformersEngine:
     @torch.no_grad()
     def _score(self, token_ids: list[int]) -> tuple[list[float], np.ndarray | None]:
         ids = torch.tensor([token_ids], device=self.device)
-        logits = self.model(input_ids=ids).logits[0].float()
+        # The LM head runs in chunks: full [tokens, vocab] float logits of a 25k-token harness prompt
+        # (Claude Code) would take ~15 GB.
+        hidden = self.model.model(input_ids=ids).last_hidden_state[0]
         routing = self.recorder.take(1, len(token_ids))
-        logprobs = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+        targets = ids[0, 1:]
+        pieces = []
+        for start in range(0, len(token_ids) - 1, SCORE_CHUNK):
+            logits = self.model.lm_head(hidden[start:start + SCORE_CHUNK]).float()
+            chunk = targets[start:start + SCORE_CHUNK]
+            pieces.append(torch.log_softmax(logits[: len(chunk)], dim=-1).gather(-1, chunk[:, None])[:, 0])
+        logprobs = torch.cat(pieces) if pieces else torch.zeros(0)
         values = [0.0] + logprobs.cpu().tolist()
         return values, (routing[0].numpy() if routing is not None else None)
 
