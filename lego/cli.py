@@ -497,7 +497,7 @@ def compare(
 
 @app.command()
 def status(config: ConfigOption = "default", overrides: Overrides = None) -> None:
-    """Diagnose a running training: policy degradation versus environment trouble."""
+    """Diagnose a running training: policy degradation versus environment trouble (part: Observable training; not built yet)."""
     _not_built("observable training")
 
 
