@@ -412,45 +412,71 @@ async def rollout_resources(config: LegoConfig, work, engine, *, harness: str | 
                                         artifacts_dir=Path(work.artifacts) / "transcripts")
 
 
-async def run_rollout_stage(tasks: Sequence[Task], config: LegoConfig, work, engine, run_id: str,
-                            iteration: int = 0, *, harness: str | None = None, taskset_root: Path | None = None,
-                            docker_client: docker.DockerClient | None = None, docker_host: str | None = None,
-                            base_image: str | None = None, progress: bool = True) -> StageResult:
-    """tasks x samples_per_task rollouts, rollout.concurrency at a time, each persisted as soon as it ends."""
+@dataclass(frozen=True)
+class PlannedRollout:
+    task: Task
+    sample_index: int
+    rollout_id: str
+
+
+async def run_planned_rollouts(planned: Sequence[PlannedRollout], config: LegoConfig, work, engine, *, writer,
+                               stage: str = "rollout", iteration: int = 0, harness: str | None = None,
+                               taskset_root: Path | None = None, docker_client: docker.DockerClient | None = None,
+                               docker_host: str | None = None, base_image: str | None = None,
+                               progress: bool = True, already_done: int = 0, log=None) -> list[Trajectory]:
+    """Run `planned`, rollout.concurrency at a time over one proxy; each trajectory is persisted (under `stage`)
+    as soon as it ends, so a crash or Ctrl-C loses none that finished."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from lego.data.writer import DatasetWriter
-
-    writer = DatasetWriter(work, run_id)
-    planned = [(task, sample, rollout_id(run_id, iteration, task.instance_id, sample))
-               for task in tasks for sample in range(config.rollout.samples_per_task)]
-    done = persisted_rollout_ids(writer.directory("rollout", iteration))
-    result = StageResult(rollout_ids=[item[2] for item in planned],
-                         skipped=[item[2] for item in planned if item[2] in done])
-    pending = [item for item in planned if item[2] not in done]
-    if not pending:
-        return result
+    finished: list[Trajectory] = []
+    if not planned:
+        return finished
     async with rollout_resources(config, work, engine, harness=harness, docker_client=docker_client,
                                  docker_host=docker_host, base_image=base_image,
                                  taskset_root=taskset_root) as (adapter, resources):
         semaphore = asyncio.Semaphore(config.rollout.concurrency)
         lock = asyncio.Lock()
-        bar = Progress(TextColumn(f"rollout [{adapter.spec.name}] iter {iteration}"), BarColumn(),
+        bar = Progress(TextColumn(f"{stage} [{adapter.spec.name}] iter {iteration}"), BarColumn(),
                        MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}"),
                        disable=not progress)
-        job = bar.add_task("rollouts", total=len(planned), completed=len(result.skipped), last="")
+        job = bar.add_task(stage, total=len(planned) + already_done, completed=already_done, last="")
 
-        async def one(task: Task, sample: int, rid: str) -> None:
+        async def one(item: PlannedRollout) -> None:
             async with semaphore:
-                trajectory = await run_rollout(task, adapter, resources=resources, config=config, rollout_id=rid,
-                                               iteration=iteration, sample_index=sample)
+                trajectory = await run_rollout(item.task, adapter, resources=resources, config=config,
+                                               rollout_id=item.rollout_id, iteration=iteration,
+                                               sample_index=item.sample_index)
             async with lock:
-                await asyncio.to_thread(writer.append_trajectories, [trajectory])
-                result.trajectories.append(trajectory)
-                bar.update(job, advance=1, last=f"{task.instance_id}#{sample}: {trajectory.termination.value}")
+                await asyncio.to_thread(writer.append_trajectories, [trajectory], stage)
+                finished.append(trajectory)
+                status = f"{item.task.instance_id}#{item.sample_index}: {trajectory.termination.value}"
+                bar.update(job, advance=1, last=status)
+                if log is not None:
+                    log(f"{stage}: {item.rollout_id} -> {trajectory.termination.value}")
 
         with bar:
-            await asyncio.gather(*(one(*item) for item in pending))
+            await asyncio.gather(*(one(item) for item in planned))
+    return finished
+
+
+async def run_rollout_stage(tasks: Sequence[Task], config: LegoConfig, work, engine, run_id: str,
+                            iteration: int = 0, *, harness: str | None = None, taskset_root: Path | None = None,
+                            docker_client: docker.DockerClient | None = None, docker_host: str | None = None,
+                            base_image: str | None = None, progress: bool = True) -> StageResult:
+    """tasks x samples_per_task rollouts (a GRPO group per task); a rerun skips those already persisted."""
+    from lego.data.writer import DatasetWriter
+
+    writer = DatasetWriter(work, run_id)
+    planned = [PlannedRollout(task, sample, rollout_id(run_id, iteration, task.instance_id, sample))
+               for task in tasks for sample in range(config.rollout.samples_per_task)]
+    done = persisted_rollout_ids(writer.directory("rollout", iteration))
+    result = StageResult(rollout_ids=[item.rollout_id for item in planned],
+                         skipped=[item.rollout_id for item in planned if item.rollout_id in done])
+    pending = [item for item in planned if item.rollout_id not in done]
+    result.trajectories = await run_planned_rollouts(
+        pending, config, work, engine, writer=writer, iteration=iteration, harness=harness,
+        taskset_root=taskset_root, docker_client=docker_client, docker_host=docker_host, base_image=base_image,
+        progress=progress, already_done=len(result.skipped))
     return result
 
 
@@ -495,5 +521,5 @@ def launch_command_preview(adapter: HarnessAdapter, context: HarnessContext) -> 
     return f"{env} {launch.command}"
 
 
-__all__ = ["RolloutResources", "StageResult", "TurnGuard", "persisted_rollout_ids", "resolve_version",
-           "rollout_id", "rollout_resources", "run_rollout", "run_rollout_for_verl", "run_rollout_stage"]
+__all__ = ["PlannedRollout", "RolloutResources", "StageResult", "TurnGuard", "persisted_rollout_ids", "resolve_version",
+           "rollout_id", "rollout_resources", "run_rollout", "run_planned_rollouts", "run_rollout_for_verl", "run_rollout_stage"]

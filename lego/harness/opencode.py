@@ -23,6 +23,7 @@ from lego.harness.base import (
     HarnessRunResult,
     HarnessSpec,
     action_of,
+    json_lines,
     locate,
     register,
 )
@@ -33,17 +34,8 @@ CONFIG_FILE = f"{HARNESS_HOME}/.config/opencode/opencode.json"
 
 
 def events(output: str) -> list[dict]:
-    found = []
-    for line in output.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict) and "type" in value:
-                found.append(value)
-    return found
+    """The typed JSON events a `--format json` / `--json` run printed."""
+    return [event for event in json_lines(output) if "type" in event]
 
 
 @register("opencode")

@@ -81,28 +81,13 @@ class RealRunner:
 
     @staticmethod
     async def _rollouts(ctx, tasks, requests, engine, *, stage, iteration, writer, taskset_root) -> None:
-        """rollout.concurrency at a time over one proxy; each trajectory persisted as soon as it ends."""
-        import asyncio
-
-        from lego.rollout import rollout_resources, run_rollout
+        from lego.rollout import PlannedRollout, run_planned_rollouts
 
         by_id = {task.instance_id: task for task in tasks}
-        config = ctx.config
-        async with rollout_resources(config, ctx.work, engine, taskset_root=taskset_root) as (adapter, resources):
-            semaphore = asyncio.Semaphore(config.rollout.concurrency)
-            lock = asyncio.Lock()
-
-            async def one(request: RolloutRequest) -> None:
-                async with semaphore:
-                    trajectory = await run_rollout(by_id[request.task_id], adapter, resources=resources,
-                                                   config=config, rollout_id=request.rollout_id,
-                                                   iteration=iteration, sample_index=request.sample_index)
-                trajectory.metadata.setdefault("temperature", config.sampling.temperature)
-                async with lock:
-                    await asyncio.to_thread(writer.append_trajectories, [trajectory], stage)
-                ctx.log(f"{stage}: {request.rollout_id} -> {trajectory.termination.value}")
-
-            await asyncio.gather(*(one(request) for request in requests))
+        planned = [PlannedRollout(by_id[request.task_id], request.sample_index, request.rollout_id)
+                   for request in requests]
+        await run_planned_rollouts(planned, ctx.config, ctx.work, engine, writer=writer, stage=stage,
+                                   iteration=iteration, taskset_root=taskset_root, log=ctx.log)
 
     @contextlib.contextmanager
     def grader(self, ctx, taskset_root: Path | None) -> Iterator[Grader]:
