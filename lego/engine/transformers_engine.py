@@ -35,7 +35,6 @@ from lego.engine.base import GenerateResult, SamplingParams
 from lego.engine.checkpoint import load_model, moe_routers
 from lego.errors import ModelError
 
-
 SCORE_CHUNK = 512  # positions per LM-head chunk when scoring
 
 
