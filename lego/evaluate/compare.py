@@ -89,14 +89,14 @@ def plot_comparison(rows: list[dict[str, Any]], path: Path, confidence: float = 
     left.set_xticks(xs, [row_label(row) for row in rows], fontsize=8)
     left.set_ylim(0, 1)
     left.set_ylabel("resolved rate")
-    left.set_title(f"resolved rate with {confidence:.0%} Wilson interval")
+    left.set_title(f"resolved rate ({confidence:.0%} Wilson interval)", fontsize=10)
     infra = [row["infra_error_rate"] or 0.0 for row in rows]
     cheat = [row["cheat_rate"] or 0.0 for row in rows]
     right.bar([x - 0.2 for x in xs], infra, width=0.4, label="infra errors", color="tab:gray")
     right.bar([x + 0.2 for x in xs], cheat, width=0.4, label="cheats", color="tab:red")
     right.set_xticks(xs, [row_label(row) for row in rows], fontsize=8)
     right.set_ylim(0, 1)
-    right.set_title("infra-error and cheat rates")
+    right.set_title("infra errors and cheats", fontsize=10)
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
