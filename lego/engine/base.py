@@ -14,6 +14,9 @@ class SamplingParams:
     top_p: float = 1.0
     max_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
+    # Stop strings (OpenAI `stop`, Anthropic `stop_sequences`): generation ends on the token that completes one;
+    # that token and the ones before it stay in token_ids (they were sampled).
+    stop: tuple[str, ...] = ()
     seed: int | None = None
 
 
@@ -26,6 +29,7 @@ class GenerateResult:
     routed_experts: np.ndarray | None
     finish_reason: str  # "stop" (a stop token was sampled, included in token_ids) | "length"
     prompt_tokens: int = 0
+    stop_sequence: str | None = None  # the stop string that ended generation, if one did
     timings: dict[str, float] = field(default_factory=dict)
 
 

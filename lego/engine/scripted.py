@@ -44,14 +44,21 @@ class ScriptedEngine:
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         response = self.tokenizer.encode(self.next_text(), add_special_tokens=False) + [self.end_of_turn_id]
         response = response[: sampling.max_tokens]
-        finish_reason = "length"
+        finish_reason, stop_sequence = "length", None
         for index, token in enumerate(response):
             if token in sampling.stop_token_ids:
                 response, finish_reason = response[: index + 1], "stop"
                 break
+            if sampling.stop:
+                text = self.tokenizer.decode(response[: index + 1], skip_special_tokens=False)
+                matched = next((stop for stop in sampling.stop if stop and stop in text), None)
+                if matched is not None:
+                    response, finish_reason, stop_sequence = response[: index + 1], "stop", matched
+                    break
         logprobs, routed = await self.inner.score_with_routing(list(prompt_ids) + response)
         return GenerateResult(token_ids=response, logprobs=logprobs[len(prompt_ids):], routed_experts=routed,
-                              finish_reason=finish_reason, prompt_tokens=len(prompt_ids))
+                              finish_reason=finish_reason, prompt_tokens=len(prompt_ids),
+                              stop_sequence=stop_sequence)
 
     async def score(self, token_ids: list[int]) -> list[float]:
         return await self.inner.score(token_ids)

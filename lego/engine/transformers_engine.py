@@ -112,6 +112,7 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     routing: list[torch.Tensor] = field(default_factory=list)  # per fed position: [layers, top_k]
     finish_reason: str | None = None
+    stop_sequence: str | None = None
     answered: bool = False
     started_at: float = 0.0
 
@@ -139,6 +140,7 @@ class TransformersEngine:
         self.pad_token_id = int(pad if pad is not None else (self.eos_token_ids or (0,))[0])
         self.policy_version = read_policy_version(self.model_path) if policy_version is None else policy_version
         self.stats = {"batches": 0, "max_batch": 0, "decode_steps": 0}
+        self._tokenizer = None  # loaded on the first request with stop strings
         self._jobs: queue.Queue = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="lego-engine", daemon=True)
@@ -311,8 +313,24 @@ class TransformersEngine:
         row.logprobs.append(float(torch.log_softmax(logits, dim=-1)[token]))
         if token in sampling.stop_token_ids:
             row.finish_reason = "stop"
+        elif sampling.stop and (matched := self._stop_string(row.tokens, sampling.stop)) is not None:
+            row.finish_reason, row.stop_sequence = "stop", matched
         elif len(row.tokens) >= sampling.max_tokens or len(row.job.prompt_ids) + len(row.tokens) >= self.max_context:
             row.finish_reason = "length"
+
+    def _stop_string(self, tokens: list[int], stops: tuple[str, ...]) -> str | None:
+        # Only the tail can hold a stop string that the previous token did not already complete.
+        window = max(len(stop) for stop in stops) + 4
+        tail = self.tokenizer.decode(tokens[-window:], skip_special_tokens=False)
+        return next((stop for stop in stops if stop and stop in tail), None)
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from lego.engine.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.model_path)
+        return self._tokenizer
 
     def _answer(self, row: _Row, prompt_routing: torch.Tensor | None, prefill_s: float) -> None:
         routed = None
@@ -325,6 +343,7 @@ class TransformersEngine:
             routed_experts=routed,
             finish_reason=row.finish_reason or "length",
             prompt_tokens=len(row.job.prompt_ids),
+            stop_sequence=row.stop_sequence,
             timings={"queue_s": row.started_at - row.job.enqueued_at, "prefill_s": prefill_s,
                      "total_s": now - row.job.enqueued_at},
         )

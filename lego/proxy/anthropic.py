@@ -110,10 +110,14 @@ def parse_request(body: dict[str, Any]) -> tuple[Conversation, dict[str, Any]]:
         if max_tokens < 1:
             raise RequestError("'max_tokens' must be at least 1", param="max_tokens")
     tool_choice = body.get("tool_choice") or {}
+    stop_sequences = body.get("stop_sequences") or []
+    if not isinstance(stop_sequences, list) or not all(isinstance(item, str) for item in stop_sequences):
+        raise RequestError("'stop_sequences' must be a list of strings", param="stop_sequences")
     options = {
         "model": str(body.get("model") or ""),
         "stream": bool(expect(body.get("stream", False), bool, "stream")),
         "max_tokens": max_tokens,
+        "stop": tuple(item for item in stop_sequences if item),
         "parse_tools": bool(conversation.tools) and not (isinstance(tool_choice, dict) and tool_choice.get("type") == "none"),
     }
     return conversation, options
@@ -135,6 +139,8 @@ def _content(completion: Completion) -> list[dict[str, Any]]:
 def _stop_reason(completion: Completion) -> str:
     if completion.reply.tool_calls:
         return "tool_use"
+    if completion.stop_sequence:
+        return "stop_sequence"
     return "max_tokens" if completion.finish_reason == "length" else "end_turn"
 
 
@@ -147,7 +153,7 @@ def response_body(completion: Completion, options: dict[str, Any], model: str) -
     content = [{k: v for k, v in block.items() if k != "_raw"} for block in _content(completion)]
     return {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
             "model": options["model"] or model, "content": content, "stop_reason": _stop_reason(completion),
-            "stop_sequence": None, "usage": _usage(completion, completion.completion_tokens)}
+            "stop_sequence": completion.stop_sequence, "usage": _usage(completion, completion.completion_tokens)}
 
 
 def stream_events(completion: Completion, options: dict[str, Any], model: str) -> list[bytes]:
@@ -172,7 +178,8 @@ def stream_events(completion: Completion, options: dict[str, Any], model: str) -
         lines.append(event("content_block_start", {"index": index, "content_block": start}))
         lines.extend(event("content_block_delta", {"index": index, "delta": delta}) for delta in deltas)
         lines.append(event("content_block_stop", {"index": index}))
-    lines.append(event("message_delta", {"delta": {"stop_reason": _stop_reason(completion), "stop_sequence": None},
+    stop = {"stop_reason": _stop_reason(completion), "stop_sequence": completion.stop_sequence}
+    lines.append(event("message_delta", {"delta": stop,
                                          "usage": {"output_tokens": completion.completion_tokens}}))
     lines.append(event("message_stop", {}))
     return lines

@@ -1,8 +1,8 @@
 """OpenAI Chat Completions: request -> Conversation, Completion -> JSON or SSE chunks.
 
 Reasoning (`<think>`) is returned in `reasoning_content` (vLLM's field); `content` holds the rest. Tool calls come
-back as `tool_calls` with the model's own argument JSON. `stop` strings are not applied: the policy stops on its
-end-of-turn token (harnesses with native tool calling do not send `stop`).
+back as `tool_calls` with the model's own argument JSON. `stop` strings end the reply: the text returned
+ends before the stop string, while the session keeps every sampled token (the stop string's included).
 """
 
 from __future__ import annotations
@@ -87,11 +87,19 @@ def parse_request(body: dict[str, Any]) -> tuple[Conversation, dict[str, Any]]:
     stream_options = body.get("stream_options") or {}
     expect(stream_options, dict, "stream_options")
     tool_choice = body.get("tool_choice", "auto")
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(item, str) for item in stop) or len(stop) > 4:
+        raise RequestError("'stop' must be a string or a list of up to 4 strings", param="stop")
     options = {
         "model": str(body.get("model") or ""),
         "stream": stream,
         "include_usage": bool(stream_options.get("include_usage", False)),
         "max_tokens": max_tokens,
+        "stop": tuple(item for item in stop if item),
         "parse_tools": bool(conversation.tools) and tool_choice != "none",
     }
     return conversation, options

@@ -164,7 +164,8 @@ class ProxyServer:
         body = await self._json_body(request)
         conversation, options = module.parse_request(body)
         completion = await session.complete(conversation, protocol=module.PROTOCOL, stream=options["stream"],
-                                            max_tokens=options["max_tokens"], parse_tools=options["parse_tools"])
+                                            max_tokens=options["max_tokens"], parse_tools=options["parse_tools"],
+                                            stop=options.get("stop", ()))
         if not options["stream"]:
             return web.json_response(module.response_body(completion, options, self.model_name))
         render: Callable = getattr(module, "stream_events", None) or module.stream_chunks

@@ -138,6 +138,7 @@ class Completion:
     finish_reason: str  # stop | length (as the engine said)
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None  # the request's stop string that ended the reply (not in the reply's text)
 
 
 @dataclass
@@ -193,7 +194,8 @@ class Session:
     # ------------------------------------------------------------------------------------------ serving
 
     async def complete(self, conversation: Conversation, *, protocol: str, stream: bool = False,
-                       max_tokens: int | None = None, parse_tools: bool = True) -> Completion:
+                       max_tokens: int | None = None, parse_tools: bool = True,
+                       stop: tuple[str, ...] = ()) -> Completion:
         if not conversation.messages:
             raise RequestError("the request has no messages", param="messages")
         started_at, clock = time.time(), time.perf_counter()
@@ -212,7 +214,7 @@ class Session:
             branch.busy = True
             prompt = list(branch.token_ids)
         sampling = SamplingParams(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                                  max_tokens=limit, stop_token_ids=tuple(self.engine.eos_token_ids))
+                                  max_tokens=limit, stop_token_ids=tuple(self.engine.eos_token_ids), stop=stop)
         try:
             result: GenerateResult = await self.engine.generate(prompt, sampling)
         except Exception as exc:
@@ -228,7 +230,12 @@ class Session:
             shown = list(result.token_ids)
             if result.finish_reason == "stop" and shown and shown[-1] in self.engine.eos_token_ids:
                 shown = shown[:-1]
-            reply = parse_reply(self.renderer.decode(shown), parse_tools=parse_tools)
+            shown_text = self.renderer.decode(shown)
+            if result.stop_sequence and result.stop_sequence in shown_text:
+                # As the protocols define it, the reply ends before the stop string; the stream keeps every
+                # sampled token, so the model's next turn continues from exactly what it sampled.
+                shown_text = shown_text[: shown_text.index(result.stop_sequence)]
+            reply = parse_reply(shown_text, parse_tools=parse_tools)
             branch.keys.append(reply.as_message().key())
             branch.checkpoints.append(Checkpoint(len(branch.keys), len(branch.token_ids),
                                                  self.renderer.bridge_after(sampled_text)))
@@ -236,7 +243,7 @@ class Session:
             self._record(plan.thread, branch, protocol, stream, started_at, clock, len(prompt),
                          len(result.token_ids), result.finish_reason, kind, len(plan.new_ids))
         return Completion(reply=reply, finish_reason=result.finish_reason, prompt_tokens=len(prompt),
-                          completion_tokens=len(result.token_ids))
+                          completion_tokens=len(result.token_ids), stop_sequence=result.stop_sequence)
 
     def _plan(self, conversation: Conversation) -> _Plan:
         keys = conversation.keys()
