@@ -142,3 +142,35 @@ def test_unix_socket_serves_the_same_routes(proxy):
                                json={"messages": [{"role": "user", "content": "hi"}]})
         assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "ok"
         assert client.post("/s/unknown/v1/messages", json={}).status_code == 404
+
+
+def test_closing_a_session_cancels_its_pending_calls(tokenizer):
+    import asyncio
+    import threading
+
+    import httpx
+
+    from lego.proxy import ProxyServer
+
+    class Silent:
+        policy_version, max_context, eos_token_ids = 0, 4096, (151645,)
+
+        async def generate(self, prompt_ids, sampling):
+            await asyncio.Event().wait()
+
+    async def scenario():
+        server = await ProxyServer(Silent(), tokenizer).start()
+        session = server.open_session()
+        async with httpx.AsyncClient(timeout=30) as client:
+            call = asyncio.create_task(client.post(f"{session.openai_base_url}/chat/completions",
+                                                   json={"messages": [{"role": "user", "content": "hi"}]}))
+            while not session._inflight:
+                await asyncio.sleep(0.01)
+            threading.Thread(target=server.close_session, args=(session.id,)).start()  # from another thread
+            outcome = await asyncio.gather(call, return_exceptions=True)
+        await server.stop()
+        return outcome[0], session
+
+    result, session = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert isinstance(result, httpx.HTTPError) or result.status_code >= 500  # the call ended, it did not hang
+    assert session.closed and not [task for task in session._inflight if not task.done()]

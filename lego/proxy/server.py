@@ -58,7 +58,8 @@ class ProxyServer:
     async def start(self) -> ProxyServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # In-flight calls of a stopping worker are abandoned quickly (their sessions are over), not awaited 60 s.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
         tcp = web.TCPSite(self._runner, self.host, self.requested_port)
         await tcp.start()
@@ -104,6 +105,7 @@ class ProxyServer:
         session = self._sessions.pop(session_id, None)
         if session is not None:
             session.closed = True
+            session.cancel_inflight()
         return session
 
     def session(self, session_id: str) -> Session | None:

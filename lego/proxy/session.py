@@ -173,6 +173,7 @@ class Session:
         self.base_url = base_url  # http://127.0.0.1:PORT/s/<id>
         self.overlong = False
         self.closed = False
+        self._inflight: set[asyncio.Task] = set()  # requests being served, cancelled when the session closes
         self.created_at = time.time()
         self._lock = asyncio.Lock()
         self._threads: dict[str, Thread] = {}
@@ -198,6 +199,10 @@ class Session:
                        stop: tuple[str, ...] = ()) -> Completion:
         if not conversation.messages:
             raise RequestError("the request has no messages", param="messages")
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
         started_at, clock = time.time(), time.perf_counter()
         limit = self.sampling.max_tokens if max_tokens is None else max(1, min(max_tokens, self.sampling.max_tokens))
         async with self._lock:
@@ -340,6 +345,13 @@ class Session:
         self._calls.append(_Call(record, branch, thread))
 
     # ------------------------------------------------------------------------------------------ results
+
+    def cancel_inflight(self) -> int:
+        """Cancel the requests still being served (the rollout ended: nobody waits for their answers)."""
+        pending = [task for task in self._inflight if not task.done()]
+        for task in pending:  # close_session may be called from another thread than the proxy's loop
+            task.get_loop().call_soon_threadsafe(task.cancel)
+        return len(pending)
 
     def main_thread(self) -> Thread | None:
         threads = sorted(self._threads.values(), key=lambda t: t.order)
