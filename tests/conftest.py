@@ -60,3 +60,32 @@ def tiny_model_path(lego_config, work_dir):
     from lego.engine.checkpoint import default_model_path, init_tiny_model
 
     return init_tiny_model(lego_config.model.init, default_model_path(lego_config, work_dir), seed=lego_config.project.seed)
+
+
+@pytest.fixture(scope="session")
+def calc_task(tmp_path_factory):
+    """A tiny repo with history whose base commit has a bug (tests/repo_fixtures.py); independent of the bundled set."""
+    from repo_fixtures import make_calc_task
+
+    return make_calc_task(tmp_path_factory.mktemp("calc"))
+
+
+@pytest.fixture(scope="session")
+def calc_image(docker_engine, base_image, calc_task):
+    from lego.sandbox.task_image import ensure_task_image
+
+    return ensure_task_image(docker_engine.client, calc_task, base_image)
+
+
+@pytest.fixture(scope="session")
+def factory(docker_engine, lego_config):
+    from lego.sandbox.docker_sandbox import DockerSandboxFactory
+
+    return DockerSandboxFactory(docker_engine.client, lego_config.sandbox)
+
+
+@pytest.fixture(scope="session")
+def verifier(docker_engine, base_image, lego_config, factory):
+    from lego.verify import Verifier
+
+    return Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify, factory=factory)

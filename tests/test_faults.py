@@ -9,14 +9,9 @@ import time
 
 import pytest
 from calc_variants import memory_hog_task, slow_task
-from repo_fixtures import GOLD_PATCH, make_calc_task
+from repo_fixtures import GOLD_PATCH
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def calc_task(tmp_path_factory):
-    return make_calc_task(tmp_path_factory.mktemp("calc-faults"))
 
 
 @pytest.fixture(autouse=True)

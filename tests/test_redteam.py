@@ -13,7 +13,6 @@ import textwrap
 
 import pytest
 from calc_variants import hidden_new_file_task
-from repo_fixtures import make_calc_task
 
 pytestmark = pytest.mark.docker
 
@@ -24,32 +23,6 @@ RESET = "cd / && find /repo -mindepth 1 -delete && cp -a /opt/lego/repo/. /repo/
 def write(path: str, text: str) -> str:
     """A shell command writing `text` to `path` (an agent's heredoc)."""
     return f"mkdir -p \"$(dirname {path})\" && cat > {path} <<'LEGO_EOF'\n{textwrap.dedent(text).lstrip()}LEGO_EOF"
-
-
-@pytest.fixture(scope="module")
-def calc_task(tmp_path_factory):
-    return make_calc_task(tmp_path_factory.mktemp("calc-redteam"))
-
-
-@pytest.fixture(scope="module")
-def calc_image(docker_engine, base_image, calc_task):
-    from lego.sandbox.task_image import ensure_task_image
-
-    return ensure_task_image(docker_engine.client, calc_task, base_image)
-
-
-@pytest.fixture(scope="module")
-def factory(docker_engine, lego_config):
-    from lego.sandbox.docker_sandbox import DockerSandboxFactory
-
-    return DockerSandboxFactory(docker_engine.client, lego_config.sandbox)
-
-
-@pytest.fixture(scope="module")
-def verifier(docker_engine, base_image, lego_config, factory):
-    from lego.verify import Verifier
-
-    return Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify, factory=factory)
 
 
 @pytest.fixture(scope="module")

@@ -3,28 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from repo_fixtures import CALC_BUGGY, make_calc_task
+from repo_fixtures import CALC_BUGGY
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def calc_task(tmp_path_factory):
-    return make_calc_task(tmp_path_factory.mktemp("calc"))
-
-
-@pytest.fixture(scope="module")
-def calc_image(docker_engine, base_image, calc_task):
-    from lego.sandbox.task_image import ensure_task_image
-
-    return ensure_task_image(docker_engine.client, calc_task, base_image)
-
-
-@pytest.fixture(scope="module")
-def factory(docker_engine, lego_config):
-    from lego.sandbox.docker_sandbox import DockerSandboxFactory
-
-    return DockerSandboxFactory(docker_engine.client, lego_config.sandbox)
 
 
 def test_task_image_is_cached_by_content(docker_engine, base_image, calc_task, calc_image):

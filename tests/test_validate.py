@@ -5,23 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from repo_fixtures import make_calc_task
 
 from lego.verify.validate import classify
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def verifier(docker_engine, base_image, lego_config):
-    from lego.verify import Verifier
-
-    return Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify)
-
-
-@pytest.fixture(scope="module")
-def calc_task(tmp_path_factory):
-    return make_calc_task(tmp_path_factory.mktemp("calc-validate"))
 
 
 def test_every_bundled_task_is_resolved_by_its_gold_patch_and_not_by_the_empty_one(verifier):

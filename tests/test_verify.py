@@ -3,21 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from repo_fixtures import GOLD_PATCH, make_calc_task
+from repo_fixtures import GOLD_PATCH
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def calc_task(tmp_path_factory):
-    return make_calc_task(tmp_path_factory.mktemp("calc-verify"))
-
-
-@pytest.fixture(scope="module")
-def verifier(docker_engine, base_image, lego_config):
-    from lego.verify import Verifier
-
-    return Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify)
 
 
 def test_gold_patch_resolves_and_empty_patch_does_not(verifier, calc_task):

@@ -33,6 +33,11 @@ class GenerateResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+def stop_string_in(text: str, stops: tuple[str, ...]) -> str | None:
+    """The first of `stops` that occurs in `text`, if any (how every engine applies SamplingParams.stop)."""
+    return next((stop for stop in stops if stop and stop in text), None)
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A policy that samples and scores token ids. Implementations: transformers, vLLM, scripted."""

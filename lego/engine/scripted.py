@@ -8,7 +8,7 @@ runs out, every further call emits `final_text`.
 
 from __future__ import annotations
 
-from lego.engine.base import GenerateResult, SamplingParams
+from lego.engine.base import GenerateResult, SamplingParams, stop_string_in
 
 END_OF_TURN = "<|im_end|>"
 DEFAULT_FINAL_TEXT = "I am done."
@@ -51,7 +51,7 @@ class ScriptedEngine:
                 break
             if sampling.stop:
                 text = self.tokenizer.decode(response[: index + 1], skip_special_tokens=False)
-                matched = next((stop for stop in sampling.stop if stop and stop in text), None)
+                matched = stop_string_in(text, sampling.stop)
                 if matched is not None:
                     response, finish_reason, stop_sequence = response[: index + 1], "stop", matched
                     break

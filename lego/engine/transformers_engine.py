@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lego.engine.base import GenerateResult, SamplingParams
+from lego.engine.base import GenerateResult, SamplingParams, stop_string_in
 from lego.engine.checkpoint import load_model, moe_routers
 from lego.errors import ModelError
 
@@ -321,8 +321,7 @@ class TransformersEngine:
     def _stop_string(self, tokens: list[int], stops: tuple[str, ...]) -> str | None:
         # Only the tail can hold a stop string that the previous token did not already complete.
         window = max(len(stop) for stop in stops) + 4
-        tail = self.tokenizer.decode(tokens[-window:], skip_special_tokens=False)
-        return next((stop for stop in stops if stop and stop in tail), None)
+        return stop_string_in(self.tokenizer.decode(tokens[-window:], skip_special_tokens=False), stops)
 
     @property
     def tokenizer(self):

@@ -27,6 +27,7 @@ WireProtocol = Literal["openai_chat", "anthropic_messages", "openai_responses"]
 MOUNT_POINT = "/opt/lego/harness"  # where a sandbox harness's install directory appears in the container
 HARNESS_HOME = "/root"  # the container's writable home (a tmpfs): harness state and transcripts live here
 MODEL_NAME = "lego-policy"  # the model name harnesses are told to use (the proxy serves any name)
+PROMPT_FILE = "/tmp/.lego-prompt.txt"  # where CLI harnesses in the sandbox read the task prompt from
 
 
 class HarnessError(LegoError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from lego.harness.base import (
     HARNESS_HOME,
     MODEL_NAME,
+    PROMPT_FILE,
     HarnessContext,
     HarnessLaunch,
     HarnessRunResult,
@@ -25,8 +26,6 @@ from lego.harness.base import (
     register,
 )
 from lego.records import TerminationReason
-
-PROMPT_FILE = "/tmp/.lego-prompt.txt"
 
 
 @register("claude-code")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from lego.harness.base import (
     HARNESS_HOME,
     MODEL_NAME,
+    PROMPT_FILE,
     HarnessContext,
     HarnessLaunch,
     HarnessRunResult,
@@ -24,7 +25,6 @@ from lego.harness.base import (
 from lego.harness.opencode import events
 from lego.records import TerminationReason
 
-PROMPT_FILE = "/tmp/.lego-prompt.txt"
 CODEX_HOME = f"{HARNESS_HOME}/.codex"
 
 

@@ -18,6 +18,7 @@ import json
 from lego.harness.base import (
     HARNESS_HOME,
     MODEL_NAME,
+    PROMPT_FILE,
     HarnessContext,
     HarnessLaunch,
     HarnessRunResult,
@@ -29,7 +30,6 @@ from lego.harness.base import (
 )
 from lego.records import TerminationReason
 
-PROMPT_FILE = "/tmp/.lego-prompt.txt"
 CONFIG_FILE = f"{HARNESS_HOME}/.config/opencode/opencode.json"
 
 
