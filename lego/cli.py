@@ -108,22 +108,33 @@ def model_init(
 
 @docker_app.command("up")
 def docker_up(config: ConfigOption = "default", overrides: Overrides = None) -> None:
-    """Make sure an engine is reachable; start (and leave running) a private dockerd if needed."""
+    """Make sure an engine is reachable; start a private dockerd if needed and keep it until `lego docker down`."""
     from lego.sandbox.daemon import connect
 
     cfg, work = _load(config, overrides)
-    engine = connect(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon)
+    engine = connect(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon, pin=True)
     print(engine.base_url)
 
 
 @docker_app.command("down")
-def docker_down(config: ConfigOption = "default", overrides: Overrides = None) -> None:
-    """Stop the private dockerd of this work dir, if one runs."""
-    from lego.sandbox.daemon import PrivateDockerd
+def docker_down(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    force: Annotated[bool, typer.Option(help="Stop it now, even while other lego commands run sandboxes on it.")]
+    = False,
+) -> None:
+    """Stop the private dockerd of this work dir; while other lego commands use it, the last of them stops it."""
+    from lego.sandbox.daemon import shut_down
 
     _, work = _load(config, overrides)
-    stopped = PrivateDockerd(work.docker_root).stop()
-    console.print("stopped the private dockerd" if stopped else "no private dockerd was running")
+    stopped, holders = shut_down(work.docker_root, force=force)
+    if stopped:
+        console.print("stopped the private dockerd" + (f" (still used by pids {holders})" if holders else ""))
+    elif holders:
+        console.print(f"the private dockerd is still used by lego processes {holders}: it stops when the last of "
+                      "them ends (--force stops it now)")
+    else:
+        console.print("no private dockerd was running")
 
 
 @app.command()

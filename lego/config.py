@@ -125,6 +125,11 @@ class RolloutConfig(Section):
 class VerifyConfig(Section):
     timeout_s: float = Field(300.0, gt=0)
     infra_retries: int = Field(2, ge=0)
+    # The largest diff a rollout may hand in. SWE-bench gold patches are a few KiB (the largest, tens of KiB);
+    # 4 MiB leaves room for legitimate vendored or generated files while keeping grading time bounded. A diff
+    # over it ends the rollout `patch_too_large` (reward 0) without being transferred, and the verifier refuses
+    # to grade one: a patch is never cut and graded in part.
+    max_patch_bytes: int = Field(4 << 20, ge=1024)
 
 
 class DataConfig(Section):

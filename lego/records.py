@@ -18,7 +18,13 @@ class TerminationReason(StrEnum):
     max_turns = "max_turns"
     timeout = "timeout"
     overlong = "overlong"
+    # The harness crashed after the model was served a reply, with the engine and proxy healthy: the model's
+    # own output provoked it (malformed tool calls, a reply the harness cannot parse). The policy's failure.
     harness_crash = "harness_crash"
+    # The harness crashed before any model reply, or with an engine/proxy error: infrastructure (retried).
+    harness_failed = "harness_failed"
+    patch_too_large = "patch_too_large"  # the diff is over verify.max_patch_bytes: not transferred, not graded
+    diff_broken = "diff_broken"  # the agent's working tree made taking the diff fail (it works on the pristine tree)
     env_setup_failed = "env_setup_failed"
 
 

@@ -1,11 +1,19 @@
 """One rollout (sandbox + proxy session + harness -> Trajectory), and the rollout stage.
 
-A rollout attempt: the task image (built once, cached) -> a sandbox with the proxy's unix-socket directory mounted
-and a relay on the container's loopback -> a proxy session (its id is the only key to its data) -> the harness,
+A rollout attempt: the task image (built once, cached) -> a proxy session (its id is the only key to its data) with
+a unix socket of its own -> a sandbox with that socket's directory mounted read-only and a relay on the container's
+loopback (a sandbox can reach its own session and no other) -> the harness,
 under its wall-clock limit and a turn guard -> the final diff -> everything closed, always (also on exceptions
-and cancellation). Infrastructure failures (daemon, image, container, relay) are retried with a fresh sandbox and
-session up to rollout.infra_retries times; when they persist the rollout ends `env_setup_failed`, never as a model
-failure.
+and cancellation). Infrastructure failures (daemon, image, container, relay, an engine whose socket vanished) are
+retried with a fresh sandbox and session up to rollout.infra_retries times; when they persist the rollout ends
+`env_setup_failed` (or `harness_failed`), never as a model failure.
+
+A harness crash is attributed with controls (`attribute_crash`): after at least one model reply, with every call
+served without an engine error, a healthy engine (a one-token generate after the crash) and the relay up, the
+model's own output provoked it: `harness_crash`, the policy's failure (reward 0). Otherwise it is infra: retried,
+then `harness_failed`. The final diff is capped (verify.max_patch_bytes): over it the rollout ends
+`patch_too_large` without the diff being transferred; a diff the agent's tree made impossible to take (the same
+procedure works on the pristine snapshot) ends `diff_broken`. Both are the policy's failures, never infra.
 
 The turn guard wraps the session's engine: the call after max_turns (plus the harness's side calls) is not
 served; the harness is killed and the rollout ends `max_turns`. Harnesses with their own limit (mini's step_limit,
@@ -34,6 +42,7 @@ from typing import Any
 
 import docker
 import pyarrow.parquet as pq
+import urllib3.exceptions
 from docker.errors import DockerException
 
 from lego.cache import content_hash
@@ -53,19 +62,35 @@ from lego.harness.base import (
 from lego.harness.install import ensure_installed
 from lego.proxy.server import ProxyServer
 from lego.proxy.session import Session
-from lego.records import TerminationReason, Trajectory
-from lego.sandbox.docker_sandbox import DockerSandbox, DockerSandboxFactory, SandboxError
+from lego.records import LLMCall, TerminationReason, Trajectory
+from lego.sandbox import DiffBrokenByAgent, PatchTooLarge
+from lego.sandbox.docker_sandbox import KEEPER_UID, DockerSandbox, DockerSandboxFactory, SandboxError
 from lego.sandbox.task_image import ensure_task_image
 from lego.tasksets.task import Task
 
 RELAY_PORT = 18080  # the relay's port on the container's own loopback (each container has its own)
 PID_FILE = "/tmp/.lego-harness.pid"
 LOG_LIMIT = 256 * 1024  # harness output kept in Trajectory.harness_log
-INFRA_ERRORS = (SandboxError, ImageBuildError, DockerException, ConnectionError)
+ENGINE_PROBE_TIMEOUT_S = 60.0
 
 
 class TurnLimitReached(LegoError):
     """The harness asked for more turns than rollout allows (harness.max_turns)."""
+
+
+class HarnessFailed(LegoError):
+    """The harness crashed for a reason that is not the policy's (before any model reply, or with an engine or
+    proxy error): infrastructure, retried with a fresh sandbox and session."""
+
+    def __init__(self, message: str, attribution: dict):
+        super().__init__(message)
+        self.attribution = attribution
+
+
+# Failures of the machinery, retried: the sandbox and its engine (a vanished socket or a stopped daemon reaches
+# us as FileNotFoundError/ConnectionError, requests' and urllib3's errors: all OSError or urllib3 HTTPError),
+# images, and a harness crash that is not the policy's.
+INFRA_ERRORS = (SandboxError, ImageBuildError, DockerException, OSError, urllib3.exceptions.HTTPError, HarnessFailed)
 
 
 def rollout_id(run_id: str, iteration: int, task_id: str, sample_index: int) -> str:
@@ -257,6 +282,54 @@ def _terminate(adapter: HarnessAdapter, session: Session, run: _Run, result: Har
     return adapter.termination(result)
 
 
+def attribute_crash(calls: Sequence[LLMCall], proxy_errors: Sequence[str] = (), engine_probe_error: str | None = None,
+                    relay_error: str | None = None) -> dict:
+    """Whose failure a harness crash is, from controls (as timeouts and OOM kills are attributed).
+
+    The policy's (`by: policy`) only when the model was served at least one main-thread reply and nothing else
+    can explain the crash: no call failed in the engine, the proxy had no internal error, a tiny generate on the
+    engine works after the crash (`engine_probe_error` None) and the sandbox's relay to the proxy still answers
+    (`relay_error` None). Then it was the model's own output (malformed tool calls, a reply the harness cannot
+    parse) that crashed it, and crashing must not be free. Anything else is infra (`by: infra`), retried."""
+    served = [call for call in calls if call.error is None and call.completion_tokens > 0]
+    main_served = [call for call in served if call.kind != "subagent"]
+    engine_errors = [call.error for call in calls if call.error and call.finish_reason != "overlong"]
+    evidence = {"served_replies": len(served), "main_replies": len(main_served), "engine_errors": engine_errors[:5],
+                "proxy_errors": list(proxy_errors)[:5], "engine_probe": engine_probe_error or "ok",
+                "relay_probe": relay_error or "ok"}
+    if engine_errors:
+        return {"by": "infra", "check": "harness_crash_with_engine_error", **evidence}
+    if proxy_errors:
+        return {"by": "infra", "check": "harness_crash_with_proxy_error", **evidence}
+    if not main_served:
+        return {"by": "infra", "check": "harness_crash_before_any_reply", **evidence}
+    if engine_probe_error is not None:
+        return {"by": "infra", "check": "harness_crash_engine_unhealthy", **evidence}
+    if relay_error is not None:
+        return {"by": "infra", "check": "harness_crash_relay_down", **evidence}
+    return {"by": "policy", "check": "harness_crash_caused_by_policy", **evidence}
+
+
+async def _probe_engine(engine, calls: Sequence[LLMCall], segments) -> str | None:
+    """None when a one-token generate on the policy engine works; else what went wrong."""
+    if not any(call.error is None and call.completion_tokens > 0 for call in calls):
+        return None  # nothing to probe for: attribute_crash blames infra already
+    prompt = [int(token) for token in segments[0].token_ids[:16]] if segments else []
+    prompt = prompt or [int(engine.eos_token_ids[0])]
+    try:
+        await asyncio.wait_for(engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=1)),
+                               ENGINE_PROBE_TIMEOUT_S)
+    except Exception as exc:  # any failure of the probe says the engine is not healthy
+        return f"{type(exc).__name__}: {exc}"[:500]
+    return None
+
+
+async def _probe_relay(sandbox: DockerSandbox) -> str | None:
+    probe = await asyncio.to_thread(
+        sandbox.exec, f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{RELAY_PORT}' 2>/dev/null && echo up", 10, None, "/")
+    return None if "up" in probe.output else f"the proxy relay on port {RELAY_PORT} does not answer"
+
+
 # ---------------------------------------------------------------------------------------------- one rollout
 
 
@@ -272,15 +345,18 @@ async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResour
         image = await asyncio.to_thread(ensure_task_image, resources.client, task, resources.base_image,
                                         resources.taskset_root)
         mounts = {str(resources.install_dir / "install"): MOUNT_POINT} if spec.runs == "sandbox" else None
-        if proxy.unix_path is None:
-            raise LegoError("the proxy has no unix socket; start ProxyServer with unix_socket=True")
+        # A sandbox harness reaches its session through a socket of the session's own (only the relay's uid may
+        # connect; it serves no other session), mounted read-only; beside harnesses use the loopback listener.
+        session = proxy.open_session(label=trajectory.rollout_id, own_socket=spec.runs == "sandbox",
+                                     socket_uid=KEEPER_UID)
+        session_socket = proxy.session_socket(session.id)
         sandbox = await asyncio.to_thread(
             resources.factory.open, image, task.environment.workdir, purpose="rollout", mounts=mounts,
-            proxy_socket_dir=proxy.unix_path.parent, labels={"lego.rollout": trajectory.rollout_id})
+            proxy_socket_dir=session_socket.parent if session_socket else None,
+            labels={"lego.rollout": trajectory.rollout_id})
         relay = ""
-        if spec.runs == "sandbox":
-            relay = await asyncio.to_thread(sandbox.start_proxy_relay, proxy.unix_path.name, RELAY_PORT)
-        session = proxy.open_session(label=trajectory.rollout_id)
+        if session_socket is not None:
+            relay = await asyncio.to_thread(sandbox.start_proxy_relay, session_socket.name, RELAY_PORT, session.id)
         guard = TurnGuard(session.engine, config.harness.max_turns + spec.side_calls)
         session.engine = guard
         setup_s = time.monotonic() - clock
@@ -300,12 +376,32 @@ async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResour
         if not sandbox.is_running():
             raise SandboxError(f"the sandbox {sandbox.name} died while {spec.name} ran")
         transcripts = await _collect_transcripts(launch, sandbox, spec.runs == "beside")
-        trajectory.final_diff = await asyncio.to_thread(sandbox.diff)
         segments, calls = session.trajectory_parts()
         main_calls = sum(1 for call in calls if call.kind != "subagent")
         result = HarnessRunResult(run.exit_code, run.output, transcripts,
                                   metadata={"max_turns": config.harness.max_turns, "main_calls": main_calls})
-        trajectory.termination = _terminate(adapter, session, run, result)
+        termination = _terminate(adapter, session, run, result)
+        if termination == TerminationReason.harness_crash:
+            probe = await _probe_engine(guard.inner, calls, segments)
+            relay_error = await _probe_relay(sandbox) if spec.runs == "sandbox" and probe is None else None
+            attribution = attribute_crash(calls, list(session.internal_errors), probe, relay_error)
+            trajectory.metadata["failure_attribution"] = attribution
+            if attribution["by"] != "policy":
+                raise HarnessFailed(f"{spec.name} exited {run.exit_code} ({attribution['check']}): "
+                                    f"{run.output[-500:]}", attribution)
+        try:
+            trajectory.final_diff = await asyncio.to_thread(sandbox.diff, config.verify.max_patch_bytes)
+        except (PatchTooLarge, DiffBrokenByAgent) as exc:
+            # The agent's doing, whatever else happened: never a partial patch, never an infra retry.
+            trajectory.final_diff = ""
+            trajectory.error = str(exc)[-2000:]
+            too_large = isinstance(exc, PatchTooLarge)
+            trajectory.metadata["failure_attribution"] = {
+                "by": "policy", "check": "patch_too_large" if too_large else "diff_broken_by_agent",
+                "error": str(exc)[-1000:], **({"max_patch_bytes": exc.cap} if too_large else {})}
+            if termination not in (TerminationReason.timeout, TerminationReason.overlong):
+                termination = TerminationReason.patch_too_large if too_large else TerminationReason.diff_broken
+        trajectory.termination = termination
         trajectory.segments, trajectory.calls = segments, calls
         trajectory.harness_log = run.output[-LOG_LIMIT:]
         actions_of = getattr(adapter, "actions", None)
@@ -336,6 +432,7 @@ async def run_rollout(task: Task, adapter: HarnessAdapter, *, resources: Rollout
     clock = time.monotonic()
     attempts = config.rollout.infra_retries + 1
     errors: list[str] = []
+    last: BaseException | None = None
     for attempt in range(1, attempts + 1):
         trajectory = Trajectory(
             rollout_id=rollout_id, task_id=task.instance_id, harness=adapter.spec.name,
@@ -353,12 +450,18 @@ async def run_rollout(task: Task, adapter: HarnessAdapter, *, resources: Rollout
             return trajectory
         except INFRA_ERRORS as exc:
             errors.append(f"attempt {attempt}: {type(exc).__name__}: {exc}"[-2000:])
+            last = exc
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    trajectory.termination = TerminationReason.env_setup_failed
+    # Infra to the end: excluded from the loss and retried later, never a model failure.
+    crashed = isinstance(last, HarnessFailed)
+    trajectory.termination = TerminationReason.harness_failed if crashed else TerminationReason.env_setup_failed
     trajectory.error = errors[-1] if errors else "infrastructure failure"
     trajectory.segments, trajectory.calls = [], []
+    trajectory.final_diff = ""
     trajectory.metadata.update({"attempts": attempts, "infra_errors": errors})
+    if crashed:
+        trajectory.metadata["failure_attribution"] = last.attribution
     trajectory.timings["total_s"] = time.monotonic() - clock
     return trajectory
 
@@ -400,10 +503,8 @@ async def rollout_resources(config: LegoConfig, work, engine, *, harness: str | 
         docker_host = docker_host or os.environ.get("DOCKER_HOST", "")
         if base_image is None:
             base_image = await asyncio.to_thread(ensure_base_image, docker_client, config.docker)
-        socket_dir = Path(tempfile.mkdtemp(prefix="lego-proxy-"))
-        stack.callback(shutil.rmtree, socket_dir, True)
-        os.chmod(socket_dir, 0o755)
-        proxy = ProxyServer(engine, tokenizer or load_tokenizer(), config.sampling, unix_path=socket_dir / "proxy.sock")
+        # No shared unix socket: each sandbox rollout gets a socket of its own session (see _attempt).
+        proxy = ProxyServer(engine, tokenizer or load_tokenizer(), config.sampling, unix_socket=False)
         await proxy.start()
         stack.push_async_callback(proxy.stop)
         factory = DockerSandboxFactory(docker_client, config.sandbox)

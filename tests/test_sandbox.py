@@ -86,6 +86,7 @@ def test_sandboxes_are_removed_on_close_exception_and_reaped_when_stale(docker_e
 
 
 def test_proxy_channel_through_unix_socket_and_loopback_relay(factory, calc_image, tmp_path):
+    import os
     import socket
     import threading
 
@@ -93,22 +94,28 @@ def test_proxy_channel_through_unix_socket_and_loopback_relay(factory, calc_imag
     socket_dir.mkdir()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(socket_dir / "proxy.sock"))
+    os.chmod(socket_dir / "proxy.sock", 0o666)  # the relay runs as the sandbox's keeper uid, not as this user
     server.listen(4)
+    requests: list[bytes] = []
 
-    def answer():  # the relay's readiness probe also connects: serve every connection
+    def answer():  # the relay's readiness probe is a request too: serve every connection
         while True:
             try:
                 connection, _ = server.accept()
             except OSError:
                 return
-            if connection.recv(4096):
+            request = connection.recv(4096)
+            if request:
+                requests.append(request)
                 connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
             connection.close()
 
     threading.Thread(target=answer, daemon=True).start()
     with factory.open(calc_image, proxy_socket_dir=socket_dir) as sandbox:
-        url = sandbox.start_proxy_relay("proxy.sock", 8765)
+        url = sandbox.start_proxy_relay("proxy.sock", 8765, "session-1")
         result = sandbox.exec(f"python3 -c \"import urllib.request; print(urllib.request.urlopen('{url}/x').read())\"",
                               timeout=30)
         assert "hello" in result.output
     server.close()
+    # The health check asked the proxy for the session, through the relay.
+    assert requests[0].startswith(b"GET /s/session-1/v1/models HTTP/1.0\r\n")

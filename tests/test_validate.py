@@ -35,17 +35,21 @@ def test_broken_tasks_are_reported_with_why(verifier, calc_task, tmp_path):
     tests_nothing = calc_task.model_copy(update={
         "instance_id": "calc__empty-resolves", "FAIL_TO_PASS": ["tests/test_calc.py::test_mul"],
         "PASS_TO_PASS": []})
-    report = validate_tasks(verifier, [calc_task, no_fix, tests_nothing], runs=1, concurrency=2)
+    # The loaders refuse such a task; one built around them is reported, never graded.
+    no_tests = calc_task.model_copy(update={"instance_id": "calc__no-tests", "FAIL_TO_PASS": [], "PASS_TO_PASS": []})
+    report = validate_tasks(verifier, [calc_task, no_fix, tests_nothing, no_tests], runs=1, concurrency=2)
     by_id = {task.instance_id: task for task in report.tasks}
     assert not by_id[calc_task.instance_id].broken
     assert by_id["calc__gold-does-not-fix"].problems == ["gold_not_resolved"]
     failing = by_id["calc__gold-does-not-fix"].evidence["gold_not_resolved"]["failing"]
     assert failing == {"FAIL_TO_PASS": ["tests/test_calc.py::test_add"]}
     assert by_id["calc__empty-resolves"].problems == ["empty_resolves"]
+    assert by_id["calc__no-tests"].problems == ["no_fail_to_pass"] and by_id["calc__no-tests"].gold == []
+    assert "no FAIL_TO_PASS test" in by_id["calc__no-tests"].evidence["no_fail_to_pass"]["error"]
     path = write_report(report, tmp_path)
     saved = json.loads(path.read_text())
-    assert saved["broken"] == ["calc__gold-does-not-fix", "calc__empty-resolves"]
-    assert saved["tasks_total"] == 3 and saved["runs"] == 1
+    assert saved["broken"] == ["calc__gold-does-not-fix", "calc__empty-resolves", "calc__no-tests"]
+    assert saved["tasks_total"] == 4 and saved["runs"] == 1
 
 
 def test_classify_flags_flaky_and_infra_runs():

@@ -9,7 +9,10 @@ Where a harness runs:
   install directory is mounted read-only at `MOUNT_POINT` (never installed per rollout). It reaches its proxy
   session through the in-container relay (the container has no network).
 - `beside`: a Python agent runs on the host in its own cached venv and executes every command inside the
-  container (`docker exec`); it reaches its proxy session on the host's loopback.
+  container (`docker exec`, always as `HarnessContext.sandbox_user`, the agent); it reaches its proxy session on
+  the host's loopback.
+In the sandbox the harness runs as the unprivileged agent user (lego.sandbox.docker_sandbox.AGENT_UID, no
+/etc/passwd entry) with HARNESS_HOME, a tmpfs it owns, as its home.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from typing import Literal, Protocol, runtime_checkable
 
 from lego.errors import LegoError
 from lego.records import TerminationReason
+from lego.sandbox.docker_sandbox import AGENT_HOME, AGENT_USER
 from lego.tasksets.task import Task
 
 WireProtocol = Literal["openai_chat", "anthropic_messages", "openai_responses"]
 MOUNT_POINT = "/opt/lego/harness"  # where a sandbox harness's install directory appears in the container
-HARNESS_HOME = "/root"  # the container's writable home (a tmpfs): harness state and transcripts live here
+HARNESS_HOME = AGENT_HOME  # the agent's writable home (a tmpfs it owns): harness state and transcripts live here
 MODEL_NAME = "lego-policy"  # the model name harnesses are told to use (the proxy serves any name)
 PROMPT_FILE = "/tmp/.lego-prompt.txt"  # where CLI harnesses in the sandbox read the task prompt from
 
@@ -69,6 +73,7 @@ class HarnessContext:
     container_id: str = ""
     docker_host: str = ""
     exec_timeout_s: float = 120.0
+    sandbox_user: str = AGENT_USER  # "uid:gid" every command of a beside harness must run as in the container
     extra: dict = field(default_factory=dict)  # HarnessConfig.extra
 
     @property
@@ -103,7 +108,8 @@ class HarnessAdapter(Protocol):
         ...
 
     def termination(self, result: HarnessRunResult) -> TerminationReason:
-        """How the run ended, from the harness's own output: completed, max_turns or harness_crash."""
+        """How the run ended, from the harness's own output: completed, max_turns or harness_crash (the rollout
+        then attributes a crash with controls: the policy's stays harness_crash, infra becomes harness_failed)."""
         ...
 
 

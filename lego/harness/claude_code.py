@@ -1,9 +1,9 @@
 """Claude Code (npm `@anthropic-ai/claude-code`), inside the sandbox.
 
 The native binary from npm's platform package runs in the container from the read-only mount, in print mode:
-`claude -p PROMPT --output-format json --max-turns N`. As root it needs IS_SANDBOX=1 for
---dangerously-skip-permissions (otherwise Bash is denied); CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 removes
-every call but the model's (no telemetry, no title request). It speaks Anthropic Messages (always streaming) to
+`claude -p PROMPT --output-format json --max-turns N`, as the sandbox's unprivileged agent user (as root it would
+need IS_SANDBOX=1 for --dangerously-skip-permissions, otherwise Bash is denied; it is set all the same);
+CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 removes every call but the model's (no telemetry, no title request). It speaks Anthropic Messages (always streaming) to
 ANTHROPIC_BASE_URL = the relay + the session path. The result is one JSON object on stdout (`subtype`: success,
 error_max_turns, ...); the transcript is the session JSONL under $HOME/.claude/projects/.
 The default version is what npm picks on Node 20 (2.1.197: later releases declare node >= 22).
@@ -45,7 +45,7 @@ class ClaudeCode:
                    f"--dangerously-skip-permissions --model {MODEL_NAME} < /dev/null")
         env = {
             "HOME": HARNESS_HOME,
-            "IS_SANDBOX": "1",  # lets root use --dangerously-skip-permissions
+            "IS_SANDBOX": "1",  # it is in a sandbox (needed by root for --dangerously-skip-permissions)
             "ANTHROPIC_BASE_URL": context.base_url,
             "ANTHROPIC_API_KEY": "lego",
             "ANTHROPIC_MODEL": MODEL_NAME,

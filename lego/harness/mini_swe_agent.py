@@ -56,7 +56,8 @@ class MiniSweAgent:
         spec_path = context.scratch / "mini-spec.json"
         spec = {"task": context.prompt, "container_id": context.container_id, "workdir": context.workdir,
                 "api_base": context.openai_base_url, "model": MODEL_NAME, "step_limit": context.max_turns,
-                "exec_timeout_s": context.exec_timeout_s, "output_path": str(transcript)}
+                "exec_timeout_s": context.exec_timeout_s, "output_path": str(transcript),
+                "user": context.sandbox_user}
         python = context.install_dir / "venv" / "bin" / "python"
         env = {
             "DOCKER_HOST": context.docker_host,

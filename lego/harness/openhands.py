@@ -47,7 +47,8 @@ class OpenHands:
         spec_path = context.scratch / "openhands-spec.json"
         spec = {"task": context.prompt, "container_id": context.container_id, "workdir": context.workdir,
                 "api_base": context.openai_base_url, "model": MODEL_NAME, "max_iterations": context.max_turns,
-                "scratch": str(context.scratch / "openhands"), "transcript": str(transcript)}
+                "scratch": str(context.scratch / "openhands"), "transcript": str(transcript),
+                "user": context.sandbox_user}
         python = context.install_dir / "venv" / "bin" / "python"
         env = {
             "DOCKER_HOST": context.docker_host,

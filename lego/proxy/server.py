@@ -4,17 +4,26 @@ Each rollout attempt opens a `Session`; its id (secrets.token_urlsafe) is part o
 reachable only through its own id:
     OpenAI base URL     http://127.0.0.1:PORT/s/<id>/v1    (chat/completions, responses, models)
     Anthropic base URL  http://127.0.0.1:PORT/s/<id>        (v1/messages, v1/messages?beta=true)
-The unix socket serves the same paths (a relay inside a sandbox forwards to it). Unknown or closed sessions get
-404 in the protocol's error shape; bad requests get the protocol's 400; nothing a client sends crashes the server.
+The optional shared unix socket serves the same paths. A session can also get a unix socket of its own
+(`open_session(own_socket=True)`), in a fresh directory of its own, for a sandbox to mount read-only and relay to:
+requests arriving on it reach that session only (any other id is unknown there), and the socket and its directory
+are removed when the session closes. Unknown or closed sessions get 404 in the protocol's error shape; bad requests
+get the protocol's 400; nothing a client sends crashes the server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import secrets
+import shutil
+import socket
 import tempfile
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +38,20 @@ from lego.proxy.session import Session
 
 log = logging.getLogger(__name__)
 
+SESSION_SOCKET = "proxy.sock"  # the socket's name in its session's own directory
+
+
+@dataclass
+class _SessionSocket:
+    """A session's own listening socket; `server` is set once the proxy's loop serves it."""
+
+    directory: Path
+    path: Path
+    sock: socket.socket
+    server: asyncio.AbstractServer | None = None
+    closed: bool = False
+
+
 POST_ROUTES = {
     "/v1/chat/completions": openai_chat,
     "/v1/messages": anthropic,
@@ -39,7 +62,8 @@ POST_ROUTES = {
 class ProxyServer:
     def __init__(self, engine: Engine, tokenizer, sampling: SamplingConfig | None = None, *,
                  host: str = "127.0.0.1", port: int = 0, unix_path: str | Path | None = None,
-                 unix_socket: bool = True, model_name: str = "lego-policy") -> None:
+                 unix_socket: bool = True, model_name: str = "lego-policy",
+                 socket_root: str | Path | None = None) -> None:
         self.engine = engine
         self.renderer = ChatRenderer(tokenizer)
         self.sampling = sampling or SamplingConfig()
@@ -52,10 +76,16 @@ class ProxyServer:
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._sessions: dict[str, Session] = {}
         self._runner: web.AppRunner | None = None
+        self.socket_root = Path(socket_root) if socket_root else None  # where session socket dirs go (None: TMPDIR)
+        self._session_sockets: dict[str, _SessionSocket] = {}  # session id -> its own socket
+        self._socket_owner: dict[str, str] = {}  # socket path -> the one session id served on it
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> ProxyServer:
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         # In-flight calls of a stopping worker are abandoned quickly (their sessions are over), not awaited 60 s.
@@ -72,6 +102,10 @@ class ProxyServer:
         return self
 
     async def stop(self) -> None:
+        for entry in list(self._session_sockets.values()):
+            self._close_socket(entry)
+        self._session_sockets.clear()
+        self._socket_owner.clear()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -93,23 +127,111 @@ class ProxyServer:
 
     # ------------------------------------------------------------------------------------------ sessions
 
-    def open_session(self, label: str = "") -> Session:
+    def open_session(self, label: str = "", *, own_socket: bool = False, socket_uid: int | None = None) -> Session:
+        """A new session. With `own_socket`, it also gets a unix socket of its own (`session_socket(id)`) on which
+        only it is served. `socket_uid`: the one uid (besides root) that may connect to it, e.g. a sandbox's relay
+        user; this needs the proxy to run as root (or as that uid). Otherwise the socket is open to every local
+        user: no more than the loopback TCP listener already is, since the session id is still required."""
         session_id = secrets.token_urlsafe(24)
         session = Session(session_id, self.renderer, self.engine, self.sampling,
                           base_url=f"{self.url}/s/{session_id}", label=label)
+        if own_socket:
+            self._open_socket(session_id, socket_uid)
         self._sessions[session_id] = session
         return session
 
     def close_session(self, session_id: str) -> Session | None:
-        """Stop serving a session; its records stay readable on the returned object."""
+        """Stop serving a session (and remove its own socket); its records stay readable on the returned object.
+        Safe from any thread."""
         session = self._sessions.pop(session_id, None)
         if session is not None:
             session.closed = True
             session.cancel_inflight()
+        entry = self._session_sockets.pop(session_id, None)
+        if entry is not None:
+            self._socket_owner.pop(str(entry.path), None)
+            self._close_socket(entry)
         return session
 
     def session(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
+
+    def session_socket(self, session_id: str) -> Path | None:
+        """The path of a session's own unix socket (None when it has none or is closed). Mount its directory."""
+        entry = self._session_sockets.get(session_id)
+        return entry.path if entry is not None else None
+
+    def _open_socket(self, session_id: str, uid: int | None) -> None:
+        if self._runner is None or self._loop is None:
+            raise RuntimeError("the proxy is not started; await ProxyServer.start() before opening a session socket")
+        if self.socket_root is not None:
+            self.socket_root.mkdir(parents=True, exist_ok=True)
+        # A fresh directory per session: what a sandbox mounts holds this socket and nothing else.
+        directory = Path(tempfile.mkdtemp(prefix="lego-session-", dir=self.socket_root))
+        path = directory / SESSION_SOCKET
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(path))
+            if uid is not None and (os.geteuid() == 0 or os.geteuid() == uid):
+                for item in (directory, path):
+                    os.chown(item, uid, uid)
+                os.chmod(directory, 0o700)
+                os.chmod(path, 0o600)
+            else:
+                if uid is not None:
+                    log.warning("the proxy does not run as root: session sockets cannot be given to uid %d and are "
+                                "open to every local user (the session id is still required)", uid)
+                os.chmod(directory, 0o711)
+                os.chmod(path, 0o666)
+            sock.listen(128)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        entry = _SessionSocket(directory, path, sock)
+        self._session_sockets[session_id] = entry
+        self._socket_owner[str(path)] = session_id
+        # The socket already listens (clients queue in its backlog); the loop starts serving it right after.
+        serve = self._loop.create_unix_server(self._runner.server, sock=sock)
+        if threading.get_ident() == self._loop_thread:
+            task = self._loop.create_task(serve)
+            task.add_done_callback(lambda done: self._served(entry, done))
+        else:
+            future = asyncio.run_coroutine_threadsafe(serve, self._loop)
+            try:
+                entry.server = future.result(30)
+            except BaseException:
+                self.close_session(session_id)
+                raise
+            if entry.closed:
+                self._close_socket(entry)
+
+    def _served(self, entry: _SessionSocket, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.error("serving a session socket at %s failed: %r", entry.path, task.exception())
+            return
+        entry.server = task.result()
+        if entry.closed:  # the session closed before the loop got to serve it
+            self._close_socket(entry)
+
+    def _close_socket(self, entry: _SessionSocket) -> None:
+        """Remove the socket at once (no new connection can reach it by path); stop listening on the loop."""
+        entry.closed = True
+        shutil.rmtree(entry.directory, ignore_errors=True)
+
+        def stop() -> None:
+            if entry.server is not None:
+                entry.server.close()
+            else:  # not served yet: nothing else owns the socket
+                entry.sock.close()
+
+        if threading.get_ident() == self._loop_thread or self._loop is None or self._loop.is_closed():
+            stop()
+        else:
+            self._loop.call_soon_threadsafe(stop)
 
     # ------------------------------------------------------------------------------------------ HTTP
 
@@ -124,7 +246,7 @@ class ProxyServer:
         if len(parts) < 3 or parts[1] != "s":
             return self._error(shape, RequestError(f"no route {path}; use /s/<session id>/v1/...", status=404,
                                                    kind="not_found_error"))
-        session = self._sessions.get(parts[2])
+        session = self._sessions.get(parts[2]) if self._reachable(request, parts[2]) else None
         if session is None:
             return self._error(shape, RequestError("unknown or closed session", status=404, kind="not_found_error",
                                                    code="session_not_found"))
@@ -148,8 +270,23 @@ class ProxyServer:
             return self._error(shape, exc)
         except Exception as exc:  # a bug must not take the rollout's server down
             log.exception("proxy request failed")
+            session.internal_errors.append(f"{type(exc).__name__}: {exc}"[:500])  # the rollout blames infra
             return self._error(shape, RequestError(f"internal proxy error: {type(exc).__name__}: {exc}",
                                                    status=500, kind="api_error"))
+
+    def _reachable(self, request: web.Request, session_id: str) -> bool:
+        """Whether `session_id` may be served on the listener the request came in on. A session's own socket
+        serves that session only; so does a connection still open on one whose session closed: none."""
+        transport = request.transport
+        where = transport.get_extra_info("sockname") if transport is not None else None
+        if isinstance(where, tuple):  # the loopback TCP listener (harnesses beside the sandbox)
+            return True
+        if isinstance(where, str) and where:
+            owner = self._socket_owner.get(where)
+            if owner is not None:
+                return owner == session_id
+            return self.unix_path is not None and where == str(self.unix_path)
+        return False
 
     @staticmethod
     async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -5,6 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from lego.errors import LegoError
+
+
+class PatchTooLarge(LegoError):
+    """The agent's diff is over the cap (verify.max_patch_bytes): it is not transferred, and never graded in part."""
+
+    def __init__(self, message: str, cap: int):
+        super().__init__(message)
+        self.cap = cap
+
+
+class DiffBrokenByAgent(LegoError):
+    """Taking the diff failed because of the agent's working tree (the same procedure works on the pristine
+    snapshot): the policy's failure, not infra."""
+
 
 @dataclass
 class ExecResult:
@@ -32,8 +47,9 @@ class Sandbox(Protocol):
 
     def get_file(self, path: str) -> bytes: ...
 
-    def diff(self) -> str:
-        """The repository's changes against its base commit, as a git patch (binary-safe)."""
+    def diff(self, max_bytes: int | None = None) -> str:
+        """The repository's changes against its base commit, as a git patch (binary-safe); over `max_bytes`
+        it raises PatchTooLarge, and DiffBrokenByAgent when the agent's tree made taking it fail."""
         ...
 
     def close(self) -> None: ...

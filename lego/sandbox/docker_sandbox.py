@@ -6,6 +6,13 @@ repository on a size-capped tmpfs copied from the image's pristine snapshot at s
 neither fill the host's disk nor write outside the repo, its home and /tmp. Every exec has a wall-clock
 timeout and an output cap. Containers carry labels naming their owner process: they are removed on
 close, on exceptions and signals, and stale ones (owner dead) are reaped when a factory starts.
+
+Two unprivileged users, and no root: the container's main process (docker-init + `sleep infinity`) and
+Lego's own helpers (the proxy relay) run as KEEPER_UID; every exec (the agent, the tests, the verifier)
+runs as AGENT_UID unless told otherwise. Both are numeric uids without /etc/passwd entries. The agent owns
+the repository, its home (AGENT_HOME) and what it writes to /tmp, and nothing else: it cannot signal the
+keeper's processes, so it can neither stop the container nor kill or replace the relay. All capabilities
+are dropped and no-new-privileges is set, so no setuid binary in a task image gives any of them back.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import atexit
 import base64
 import os
+import re
 import shlex
 import signal
 import socket
@@ -29,17 +37,27 @@ from lego.errors import LegoError
 from lego.sandbox import ExecResult
 
 LABEL = "lego.sandbox"
+AGENT_UID = 1000  # runs every exec by default: the harness, its tool calls, the tests, the verifier
+KEEPER_UID = 1001  # runs the container's main process and the proxy relay: out of the agent's reach
+AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
+KEEPER_USER = f"{KEEPER_UID}:{KEEPER_UID}"
+AGENT_HOME = "/home/agent"  # the agent's writable home (a tmpfs it owns); HOME in every exec
 SNAPSHOT = "/opt/lego/repo"  # the pristine repository baked into every task image (read-only at run time)
-PROXY_MOUNT = "/lego-proxy"  # where the proxy's unix socket directory is mounted
+PROXY_MOUNT = "/lego-proxy"  # where the rollout's own proxy socket directory is mounted, read-only
 _OPEN: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
+RELAY_LOG = "/tmp/.lego-relay.log"  # written by the keeper: the agent can read it, not change it
 KEEP_ENV = "LEGO_KEEP=1"  # in a process's environment: Lego's own (the proxy relay), spared by reclaim
 # SIGKILL every process but init, the container's `sleep infinity`, Lego's own and this one, until none is
-# left: what a fork bomb or stray background jobs leave behind. One process, so it needs one free pid.
+# left: what a fork bomb or stray background jobs leave behind. One process, so it needs one free pid. It runs
+# as the agent: processes of other users (the keeper's) are spared, it could not signal them anyway.
 RECLAIM = f"""
 import os, signal
 me = os.getpid()
+uid = os.getuid()
 def spare(pid):
     try:
+        if os.stat(f"/proc/{{pid}}").st_uid != uid:
+            return True
         with open(f"/proc/{{pid}}/stat", "rb") as f:
             if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
                 return True
@@ -149,7 +167,9 @@ class DockerSandbox:
             return False
 
     def exec(self, command: str, timeout: float | None = None, env: dict[str, str] | None = None,
-             workdir: str | None = None, output_limit: int | None = None, detach: bool = False) -> ExecResult:
+             workdir: str | None = None, output_limit: int | None = None, detach: bool = False,
+             user: str | None = None) -> ExecResult:
+        """Run `command` with bash, as `user` ("uid:gid"; the agent, AGENT_USER, unless told otherwise)."""
         if self.closed:
             raise SandboxError(f"sandbox {self.name} is closed")
         timeout = float(timeout or self.config.exec_timeout_s)
@@ -160,7 +180,8 @@ class DockerSandbox:
         started = time.monotonic()
         try:
             exec_id = api.exec_create(self.container.id, argv, workdir=workdir or self.workdir,
-                                      environment=env or {}, stdout=True, stderr=True)["Id"]
+                                      environment=env or {}, stdout=True, stderr=True,
+                                      user=user or AGENT_USER)["Id"]
             if detach:
                 api.exec_start(exec_id, detach=True)
                 return ExecResult(0, "", duration_s=0.0)
@@ -187,9 +208,11 @@ class DockerSandbox:
         reader.join(timeout + 15)
         hard_timeout = reader.is_alive()
         if hard_timeout:
-            # The in-container timeout did not end it (a process escaped its group): kill what runs there.
+            # The in-container timeout did not end it (a process escaped its group): kill what runs there. As
+            # the same user: that reaches every process the command could have started, and never the keeper's.
             try:
-                api.exec_start(api.exec_create(self.container.id, ["sh", "-c", "kill -9 -1"])["Id"])
+                api.exec_start(api.exec_create(self.container.id, ["sh", "-c", "kill -9 -1"],
+                                               user=user or AGENT_USER)["Id"])
             except (APIError, DockerException):
                 pass
             reader.join(5)
@@ -242,29 +265,106 @@ class DockerSandbox:
             raise FileNotFoundError(f"{path} in {self.name}: {result.output.strip()[-300:]}")
         return base64.b64decode(result.output)
 
-    def diff(self) -> str:
-        """Changes of the working tree against the pristine snapshot (whatever the agent did to .git)."""
-        script = (
-            f"set -e; export GIT_DIR={SNAPSHOT}/.git GIT_WORK_TREE={self.workdir} GIT_INDEX_FILE=/tmp/.lego-diff-index "
-            f"GIT_OBJECT_DIRECTORY=/tmp/.lego-diff-objects GIT_ALTERNATE_OBJECT_DIRECTORIES={SNAPSHOT}/.git/objects; "
-            "rm -rf $GIT_INDEX_FILE $GIT_OBJECT_DIRECTORY; mkdir -p $GIT_OBJECT_DIRECTORY; "
-            "git add -A . >/dev/null 2>&1; git diff --cached --binary HEAD; "
-            "rm -rf $GIT_INDEX_FILE $GIT_OBJECT_DIRECTORY"
-        )
-        result = self.exec(script, timeout=120, output_limit=64 << 20)
-        if result.exit_code != 0 and self.reclaim_processes():
-            # Stray processes (a fork bomb) took every pid: the repository is intact, take its diff now.
-            result = self.exec(script, timeout=120, output_limit=64 << 20)
-        if result.exit_code != 0:
-            raise SandboxError(f"computing the diff in {self.name} failed: {result.output[-500:]}")
-        return result.output
+    def diff(self, max_bytes: int | None = None) -> str:
+        """Changes of the working tree against the pristine snapshot, as a binary-safe git patch.
+
+        Nothing in the working tree or the agent's home can change or break it: git runs with a scratch
+        GIT_DIR (the snapshot's objects as alternates) whose info/attributes resets every attribute that
+        converts content or changes the patch (filters, encodings, eol/text, diff drivers, ident), with no
+        system or user config (HOME an empty dir, GIT_CONFIG_GLOBAL=/dev/null, an empty environment), and no
+        textconv or external diff. The patch is written to a file and sent base64-encoded, so no warning on
+        stderr can mix into it. A patch over `max_bytes` raises PatchTooLarge without being transferred (never
+        a partial patch). It runs as the agent's user (it can read whatever the agent wrote) after every
+        process the agent left is killed. When taking the diff still fails, the same procedure on the pristine snapshot is the
+        control: it works -> the agent's tree broke it (DiffBrokenByAgent, the policy's failure); it fails
+        too -> SandboxError (infra).
+        """
+        import math
+
+        from lego.sandbox import DiffBrokenByAgent, PatchTooLarge
+
+        cap = int(max_bytes) if max_bytes else 256 << 20
+        resets = ("!text !eol !crlf !filter !ident !working-tree-encoding !diff !merge !whitespace !delta "
+                  "!export-ignore !export-subst")
+
+        def script(tree: str) -> str:
+            return f"""
+set -u
+S=$(mktemp -d /tmp/.lego-diff.XXXXXXXXXX) || {{ echo LEGO_DIFF_FAILED mktemp; exit 90; }}
+trap 'rm -rf "$S"' EXIT
+G={SNAPSHOT}/.git
+mkdir -p "$S/git/objects/info" "$S/git/refs" "$S/git/info" "$S/home" || {{ echo LEGO_DIFF_FAILED mkdir; exit 90; }}
+git_() {{ env -i PATH=/usr/bin:/bin HOME="$S/home" XDG_CONFIG_HOME="$S/home" LC_ALL=C GIT_CONFIG_NOSYSTEM=1 \\
+  GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0 "$@"; }}
+base=$(git_ /usr/bin/git --git-dir="$G" rev-parse --verify 'HEAD^{{commit}}' 2>"$S/err") || {{ echo LEGO_DIFF_FAILED base; cat "$S/err"; exit 91; }}
+echo "$base" > "$S/git/HEAD"
+echo "$G/objects" > "$S/git/objects/info/alternates"
+printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n' > "$S/git/config"
+printf '* {resets}\\n' > "$S/git/info/attributes"
+if [ -f "$G/info/exclude" ]; then cp "$G/info/exclude" "$S/git/info/exclude"; fi
+cd {shlex.quote(tree)} || {{ echo LEGO_DIFF_FAILED cd; exit 92; }}
+run() {{ git_ GIT_DIR="$S/git" GIT_WORK_TREE={shlex.quote(tree)} GIT_INDEX_FILE="$S/index" /usr/bin/git \\
+  -c core.autocrlf=false -c core.safecrlf=false -c core.fsmonitor=false -c core.hooksPath=/dev/null \\
+  -c core.quotePath=true -c core.symlinks=true -c core.filemode=true -c core.ignoreCase=false \\
+  -c core.precomposeUnicode=false -c core.excludesFile=/dev/null -c diff.renames=true "$@"; }}
+run add -A . >"$S/err" 2>&1 || {{ echo LEGO_DIFF_FAILED add; tail -c 1500 "$S/err"; exit 93; }}
+run diff --cached --binary --no-textconv --no-ext-diff --no-color HEAD 2>"$S/err" | head -c {cap + 1} >"$S/patch"
+codes="${{PIPESTATUS[*]}}"
+size=$(stat -c %s "$S/patch")
+if [ "$size" -gt {cap} ]; then echo "LEGO_DIFF_TOO_LARGE $size"; exit 0; fi
+case "$codes" in "0 0") ;; *) echo "LEGO_DIFF_FAILED diff ($codes)"; tail -c 1500 "$S/err"; exit 94;; esac
+echo "LEGO_DIFF_OK $size"
+base64 -w0 "$S/patch"
+"""
+
+        limit = 4 * math.ceil((cap + 1) / 3) + (64 << 10)
+
+        def take(tree: str) -> tuple[str, str, ExecResult]:
+            """(status, patch, result): status is ok, too_large or failed."""
+            result = self.exec(script(tree), timeout=120, workdir="/", output_limit=limit)
+            if result.exit_code != 0 or result.timed_out or result.truncated:
+                return "failed", "", result
+            lines = result.output.split("\n")
+            for index, line in enumerate(lines):
+                if line.startswith("LEGO_DIFF_TOO_LARGE "):
+                    return "too_large", line.split()[1], result
+                if line.startswith("LEGO_DIFF_OK "):
+                    try:
+                        data = base64.b64decode("".join(lines[index + 1:]).strip(), validate=True)
+                    except ValueError:
+                        break
+                    if len(data) != int(line.split()[1]):
+                        break
+                    return "ok", data.decode("utf-8", errors="replace"), result
+            return "failed", "", result
+
+        # First end what the agent left running: a background job must neither change the tree while it is read
+        # nor kill git, and stray processes (a fork bomb) must not hold every pid.
+        self.reclaim_processes()
+        status, patch, result = take(self.workdir)
+        if status == "too_large":
+            raise PatchTooLarge(f"the diff in {self.name} is over the cap of {cap} bytes (stopped reading at "
+                                f"{patch} bytes); it was not transferred", cap)
+        if status == "ok":
+            if len(patch.encode()) > cap:
+                raise PatchTooLarge(f"the diff in {self.name} is over the cap of {cap} bytes once decoded", cap)
+            return patch
+        error = (f"exit {result.exit_code}{' (timed out)' if result.timed_out else ''}"
+                 f"{' (output truncated)' if result.truncated else ''}: {result.output[-800:]}")
+        control, _, control_result = take(SNAPSHOT)
+        if control in ("ok", "too_large"):
+            raise DiffBrokenByAgent(f"taking the diff in {self.name} failed ({error}) while the same procedure on "
+                                    "the pristine snapshot works: the agent's working tree broke it")
+        raise SandboxError(f"computing the diff in {self.name} failed ({error}); the control on the pristine "
+                           f"snapshot failed too: {control_result.output[-300:]}")
 
     def reclaim_processes(self, tries: int = 40) -> bool:
         """Kill every process the agent left running; retried while no pid is free to start the killer."""
         api = self.client.api
         for _ in range(tries):
             try:
-                exec_id = api.exec_create(self.container.id, ["python3", "-c", RECLAIM], workdir="/")["Id"]
+                exec_id = api.exec_create(self.container.id, ["python3", "-c", RECLAIM], workdir="/",
+                                          user=AGENT_USER)["Id"]
                 output = api.exec_start(exec_id)
                 if b"reclaimed" in (output or b""):
                     return True
@@ -274,19 +374,40 @@ class DockerSandbox:
             time.sleep(0.25)
         return False
 
-    def start_proxy_relay(self, socket_name: str, port: int) -> str:
-        """Expose the mounted proxy socket on the container's own loopback; returns the base URL."""
+    def start_proxy_relay(self, socket_name: str, port: int, session_id: str, *, wait_s: float = 10.0) -> str:
+        """Expose the mounted proxy socket on the container's own loopback; returns the base URL.
+
+        The relay (socat) runs as the keeper, so the agent can neither kill it nor take its port afterwards. It is
+        up when the proxy itself answers through it: `GET /s/<session_id>/v1/models` must return 200 (a TCP
+        connect alone would pass with no proxy, or a closed session, behind the relay)."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", socket_name) or not re.fullmatch(r"[A-Za-z0-9_-]+", session_id):
+            raise SandboxError(f"bad proxy socket name {socket_name!r} or session id for the relay in {self.name}")
         command = (f"export {KEEP_ENV}; nohup socat TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr "
-                   f"UNIX-CONNECT:{PROXY_MOUNT}/{socket_name} >/tmp/.lego-relay.log 2>&1 &")
-        self.exec(command, timeout=10, workdir="/")
-        for _ in range(50):
-            probe = self.exec(f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo up", timeout=5,
-                              workdir="/")
-            if "up" in probe.output:
+                   f"UNIX-CONNECT:{PROXY_MOUNT}/{socket_name} >{RELAY_LOG} 2>&1 &")
+        started = self.exec(command, timeout=10, workdir="/", user=KEEPER_USER)
+        if started.exit_code != 0:
+            raise SandboxError(f"starting the proxy relay in {self.name} failed: {started.output[-300:]}")
+        # HTTP/1.0 by hand (bash's /dev/tcp): no dependency on what the task image ships besides bash.
+        probe = (f"exec 3<>/dev/tcp/127.0.0.1/{port} || exit 7; "
+                 f"printf 'GET /s/{session_id}/v1/models HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n' >&3; "
+                 "IFS= read -r -t 5 line <&3; echo \"STATUS $line\"")
+        deadline = time.monotonic() + wait_s
+        answer = ""
+        while True:
+            result = self.exec(probe, timeout=10, workdir="/")
+            answer = result.output.strip()
+            status = re.search(r"STATUS HTTP/\d(?:\.\d)? (\d{3})", answer)
+            if status and status.group(1) == "200":
                 return f"http://127.0.0.1:{port}"
+            if status:  # the proxy answered, and not with the session: waiting will not change that
+                break
+            if time.monotonic() > deadline:
+                break
             time.sleep(0.1)
-        raise SandboxError(f"the proxy relay in {self.name} did not come up: "
-                           f"{self.exec('cat /tmp/.lego-relay.log', timeout=5).output[-300:]}")
+        log = self.exec(f"cat {RELAY_LOG}", timeout=5, workdir="/", user=KEEPER_USER).output[-300:]
+        raise SandboxError(f"the proxy relay in {self.name} does not reach the proxy session: GET "
+                           f"/s/<session>/v1/models through 127.0.0.1:{port} answered "
+                           f"{answer.removeprefix('STATUS ')[-200:] or 'nothing'!r}; relay log: {log!r}")
 
     def close(self) -> None:
         if self.closed:
@@ -314,17 +435,21 @@ class DockerSandboxFactory:
     def open(self, image: str, workdir: str = "/repo", *, purpose: str = "agent",
              mounts: dict[str, str] | None = None, proxy_socket_dir: Path | None = None,
              labels: dict[str, str] | None = None) -> DockerSandbox:
-        """Start a container; `mounts` maps host paths to read-only container paths (harness runtimes)."""
+        """Start a container; `mounts` maps host paths to read-only container paths (harness runtimes, grader
+        files: they must be readable by AGENT_UID). `proxy_socket_dir` is the directory of this sandbox's own
+        proxy socket (one per rollout, see ProxyServer.open_session), mounted read-only at PROXY_MOUNT: the
+        agent can connect through the relay but neither replace the socket nor write to the host there."""
         cfg = self.config
         volumes = {host: {"bind": target, "mode": "ro"} for host, target in (mounts or {}).items()}
         if proxy_socket_dir is not None:
-            volumes[str(proxy_socket_dir)] = {"bind": PROXY_MOUNT, "mode": "rw"}
+            volumes[str(proxy_socket_dir)] = {"bind": PROXY_MOUNT, "mode": "ro"}
         all_labels = {LABEL: "1", "lego.owner_pid": str(os.getpid()), "lego.host": socket.gethostname(),
                       "lego.purpose": purpose, **(labels or {})}
+        owned = f"uid={AGENT_UID},gid={AGENT_UID}"  # the agent's own writable places
         tmpfs = {
-            workdir: f"size={cfg.disk_limit_mb}m,exec,mode=755",
+            workdir: f"size={cfg.disk_limit_mb}m,exec,mode=755,{owned}",
+            AGENT_HOME: f"size=256m,exec,mode=700,{owned}",
             "/tmp": "size=512m,exec,mode=1777",
-            "/root": "size=256m,exec,mode=700",
             "/var/tmp": "size=64m,mode=1777",
             "/run": "size=16m,mode=755",
         }
@@ -334,11 +459,16 @@ class DockerSandboxFactory:
                 nano_cpus=int(cfg.cpus * 1e9), mem_limit=cfg.memory, memswap_limit=cfg.memory,
                 pids_limit=cfg.pids_limit, labels=all_labels, volumes=volumes, working_dir="/",
                 init=True, stop_signal="SIGKILL",
+                # No root and no capabilities, none to regain (setuid binaries included); execs default to the
+                # container's user, so DockerSandbox.exec always names its user (the agent unless told).
+                user=KEEPER_USER, cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
+                environment={"HOME": AGENT_HOME},
             )
         except (APIError, DockerException) as exc:
             raise SandboxError(f"starting a sandbox from {image} failed: {exc}") from exc
         sandbox = DockerSandbox(self.client, container, workdir, cfg)
         try:
+            # As the agent: the copy is the agent's (a non-root cp keeps modes and times, not the root owner).
             copied = sandbox.exec(f"cp -a {SNAPSHOT}/. {shlex.quote(workdir)}/", timeout=300, workdir="/")
             if copied.exit_code != 0:
                 raise SandboxError(f"copying the repository into {sandbox.name} failed: {copied.output[-500:]}")

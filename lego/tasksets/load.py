@@ -3,6 +3,10 @@
 Every source becomes rows (dicts) that are validated one by one into `Task`s. A malformed row is
 reported with its row number, the field and pydantic's reason, and the other rows still load; with
 `strict=True` any malformed row raises a `TaskSetError` that lists them all.
+
+A row without a FAIL_TO_PASS test is malformed: nothing would grade it (zero tests count as a full pass, so an
+empty patch resolves it). Harbor task directories are refused for the same reason until their tests/test.sh
+is run by the verifier: they carry no FAIL_TO_PASS lists.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from urllib.parse import urlparse
 from pydantic import ValidationError
 
 from lego.errors import LegoError
-from lego.tasksets.task import Task
+from lego.tasksets.task import NO_FAIL_TO_PASS_WHY, NoFailToPass, Task
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 BUNDLED_TASKS = BUNDLED_DIR / "tasks.jsonl"
@@ -161,7 +165,8 @@ def harbor_task_row(task_dir: Path) -> dict[str, Any] | RowError:
     """Map one Harbor task directory onto the Task fields (errors carry row 0: the caller numbers them).
 
     Harbor grades by running tests/test.sh, which writes a reward to /logs/verifier/reward.txt; there
-    are no FAIL_TO_PASS lists, so the grading recipe travels in provenance["harbor"].
+    are no FAIL_TO_PASS lists, so the grading recipe travels in provenance["harbor"]. The verifier does not
+    run that recipe yet, so `validate_rows` refuses the row (no FAIL_TO_PASS test).
     """
     for required in ("instruction.md", "task.toml", "environment/Dockerfile", "tests/test.sh"):
         if not (task_dir / required).is_file():
@@ -245,7 +250,23 @@ def _resolve_paths(row: dict[str, Any], base_dir: Path | None) -> dict[str, Any]
     return row
 
 
-def validate_rows(rows: Iterable[tuple[int, Any]], base_dir: Path | None = None) -> TaskLoad:
+def _no_fail_to_pass(row: dict[str, Any], where: str | None) -> str:
+    """Why a row without a FAIL_TO_PASS test is refused, and what to do (no square brackets: rich markup)."""
+    name = row.get("instance_id") or "?"
+    provenance = row.get("provenance") if isinstance(row.get("provenance"), dict) else {}
+    if provenance.get("source") == "harbor":
+        task_dir = (provenance.get("harbor") or {}).get("task_dir") or where
+        return (f"Harbor task {name!r} ({task_dir}) is refused: Lego does not run Harbor's tests/test.sh grading "
+                f"yet, and the task has no FAIL_TO_PASS test, so {NO_FAIL_TO_PASS_WHY}. Convert it to a "
+                "SWE-bench-format row with FAIL_TO_PASS tests, or leave it out of the task set")
+    return (f"task {name!r}" + (f" in {where}" if where else "") + f" has no FAIL_TO_PASS test: "
+            f"{NO_FAIL_TO_PASS_WHY}. List the tests that fail at base_commit and pass with the gold patch in "
+            "FAIL_TO_PASS, or remove the row")
+
+
+def validate_rows(rows: Iterable[tuple[int, Any]], base_dir: Path | None = None,
+                  where: str | None = None) -> TaskLoad:
+    """Validate rows into Tasks; `where` (the file or directory) is named in the errors that need it."""
     tasks: list[Task] = []
     errors: list[RowError] = []
     seen: dict[str, int] = {}
@@ -257,9 +278,13 @@ def validate_rows(rows: Iterable[tuple[int, Any]], base_dir: Path | None = None)
             errors.append(RowError(number, "<row>", f"expected an object, got {type(row).__name__}"))
             continue
         try:
-            task = Task.model_validate(_resolve_paths(row, base_dir))
+            task = Task.model_validate(row := _resolve_paths(row, base_dir))
         except ValidationError as exc:
-            errors.extend(RowError(number, _error_field(err["loc"]), err["msg"]) for err in exc.errors())
+            errors.extend(
+                RowError(number, "FAIL_TO_PASS", _no_fail_to_pass(row, where))
+                if isinstance((err.get("ctx") or {}).get("error"), NoFailToPass)
+                else RowError(number, _error_field(err["loc"]), err["msg"])
+                for err in exc.errors())
             continue
         if task.instance_id in seen:
             errors.append(RowError(number, "instance_id", f"duplicate of row {seen[task.instance_id]}"))
@@ -272,23 +297,24 @@ def validate_rows(rows: Iterable[tuple[int, Any]], base_dir: Path | None = None)
 # ---------------------------------------------------------------- entry point
 
 
-def _rows_for(source: str, split: str | None) -> tuple[Iterator[tuple[int, Any]], Path | None]:
+def _rows_for(source: str, split: str | None) -> tuple[Iterator[tuple[int, Any]], Path | None, str]:
+    """The rows of a source, the directory relative paths are resolved against, and what to call it."""
     if source == "bundled":
-        return _jsonl_rows(BUNDLED_TASKS), BUNDLED_DIR
+        return _jsonl_rows(BUNDLED_TASKS), BUNDLED_DIR, str(BUNDLED_TASKS)
     path = Path(source).expanduser()
     if path.is_file():
         if path.suffix in (".jsonl", ".json", ".ndjson"):
-            return _jsonl_rows(path), path.parent
+            return _jsonl_rows(path), path.parent, str(path)
         if path.suffix == ".parquet":
-            return _parquet_rows(path), path.parent
+            return _parquet_rows(path), path.parent, str(path)
         raise TaskSetError(f"task file {path} has an unknown type; use .jsonl, .json or .parquet")
     if path.is_dir():
         if _is_saved_dataset(path):
             import datasets
 
-            return _dataset_rows(datasets.load_from_disk(str(path)), split), path
+            return _dataset_rows(datasets.load_from_disk(str(path)), split), path, str(path)
         if is_harbor_task_dir(path) or any(is_harbor_task_dir(p) for p in path.iterdir() if p.is_dir()):
-            return _harbor_rows(path), path
+            return _harbor_rows(path), path, str(path)
         for name in ("tasks.jsonl", "tasks.parquet"):
             if (path / name).is_file():
                 return _rows_for(str(path / name), split)
@@ -298,7 +324,7 @@ def _rows_for(source: str, split: str | None) -> tuple[Iterator[tuple[int, Any]]
         )
     if path.suffix in (".jsonl", ".json", ".parquet") or source.startswith((".", "/", "~")):
         raise TaskSetError(f"task file {source} does not exist")
-    return _hub_rows(source, split), None
+    return _hub_rows(source, split), None, f"hub dataset {source}"
 
 
 def load_tasks(source: str | Path = "bundled", split: str | None = None, strict: bool = False,
@@ -311,8 +337,8 @@ def load_tasks(source: str | Path = "bundled", split: str | None = None, strict:
     strict: raise TaskSetError listing every malformed row instead of skipping them.
     """
     source = str(source)
-    rows, base_dir = _rows_for(source, split)
-    loaded = validate_rows(rows, base_dir)
+    rows, base_dir, where = _rows_for(source, split)
+    loaded = validate_rows(rows, base_dir, where)
     loaded.source = source
     if strict and loaded.errors:
         listed = "\n".join(f"  {error}" for error in loaded.errors[:_MAX_LISTED_ERRORS])

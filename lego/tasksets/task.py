@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+NO_FAIL_TO_PASS_WHY = ("an empty patch would resolve it, since zero FAIL_TO_PASS and PASS_TO_PASS tests count as a "
+                       "full pass")
+
+
+class NoFailToPass(ValueError):
+    """A task without a FAIL_TO_PASS test: nothing grades it, so any patch (the empty one too) resolves it."""
 
 
 class Environment(BaseModel):
@@ -35,7 +42,8 @@ class Task(BaseModel):
     problem_statement: str = Field(min_length=1)
     patch: str = ""
     test_patch: str = ""
-    FAIL_TO_PASS: list[str] = Field(default_factory=list)
+    # At least one: a test that fails at base_commit and passes with the gold patch (see _needs_a_failing_test).
+    FAIL_TO_PASS: list[str] = Field(default_factory=list, validate_default=True)
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     version: str = "0"
     environment_setup_commit: str | None = None
@@ -58,6 +66,19 @@ class Task(BaseModel):
                 raise ValueError(f"not a JSON list of test names: {exc}") from exc
         if value is None:
             return []
+        return value
+
+    @field_validator("FAIL_TO_PASS")
+    @classmethod
+    def _needs_a_failing_test(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        # Nothing else grades a task today (a Harbor task's tests/test.sh is not run): without a FAIL_TO_PASS
+        # test every patch resolves it, and training would reward doing nothing.
+        if not [name for name in value if name.strip()]:
+            name = info.data.get("instance_id")
+            raise NoFailToPass(
+                f"task {name!r} has no FAIL_TO_PASS test: {NO_FAIL_TO_PASS_WHY}. List the tests that fail at "
+                "base_commit and pass with the gold patch in FAIL_TO_PASS, or drop the task"
+            )
         return value
 
     @property

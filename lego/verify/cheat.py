@@ -1,43 +1,37 @@
-"""Cheat checks: each a named rule that fires with its evidence.
+"""Cheat checks on the agent's diff and actions: each a named rule that fires with its evidence.
 
-The agent's diff is screened before grading: changes to test files and test configuration are dropped
-(and flagged), as are files that would change how the grader itself runs. The agent's actions (the
-commands it issued) are scanned for attempts to dig the fix out of git or to read the hidden tests.
+The diff is screened before grading by what each file *is*, never by what its text looks like: a change to a
+test file or to any conftest.py is dropped (and flagged: the hidden tests and their fixtures are the task's),
+as is a path outside the repository or a symbolic link. What the rest of the patch *does* is judged while it
+runs, by construction (lego/verify/runner/): the runner and everything it imports resolve apart from the
+repository, so no file the patch adds can shadow them; pytest's configuration is resolved by pytest itself for
+the pristine and the patched tree and compared; results travel through a channel the code under test does not
+hold; tampering primitives and objects that defeat assertions are reported by the runner.
+The agent's actions are kept as evidence of what it probed; they are cheats only when the sandbox could have
+revealed something (lego/verify/reveal.py).
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from lego.tasksets.task import Task
 
 TEST_DIRS = {"test", "tests", "testing"}
-TEST_CONFIG_FILES = {"pytest.ini", "tox.ini", ".pytest.ini", "setup.cfg", "pyproject.toml", "noxfile.py"}
-PYTEST_ONLY_CONFIG_FILES = {"pytest.ini", ".pytest.ini"}  # any change to these is a change of pytest's config
-PYTEST_CONFIG_MARKERS = re.compile(r"\[tool:pytest\]|\[pytest\]|\[tool\.pytest|addopts|python_files|"
-                                   r"python_functions|python_classes|testpaths|norecursedirs|-p\s|pytest_plugins|"
-                                   r"filterwarnings|xfail_strict|required_plugins|usefixtures|confcutdir|"
-                                   r"pythonpath|import-mode|importmode|console_output_style")
-# Modules that the grader imports: a file in the repo with one of these names shadows the real one.
-GRADER_MODULES = {"pytest", "_pytest", "py", "pluggy", "iniconfig", "sitecustomize", "usercustomize", "site",
-                  "unittest", "builtins", "conftest", "packaging", "exceptiongroup", "tomli", "pygments",
-                  "colorama"}
-# `python -m pytest` puts the repository root first on sys.path: a new top-level module named like a
-# standard-library module shadows the one pytest imports later (argparse, inspect, pprint, ...).
-STDLIB_MODULES = set(sys.stdlib_module_names) - TEST_DIRS
-# Source code that reaches into the test runner (hooks, reports, the pytest module) can force passes from
-# inside the test process; an ordinary fix never needs it.
-PYTEST_INTERNALS = re.compile(r"\b_pytest\b|\bpytest_(runtest|collection|configure|sessionstart|sessionfinish|"
-                              r"terminal_summary|report|make|cmdline|unconfigure|load_initial)\w*|\bTestReport\b|"
-                              r"^\s*(import|from)\s+pytest\b|sys\.modules\s*\[\s*['\"]_?pytest")
+# Reads of git history (any ref, log, object store, reflog) and of .git's files. Evidence, not a cheat: the sandbox's
+# repository is one commit with nothing else to find (see scan_actions and lego/verify/reveal.py).
 GIT_HISTORY = re.compile(
-    r"git\s+(log\s+[^|;&]*--all|reflog|fsck|rev-list\s+--all|cat-file\s+--batch-all|fetch|pull|clone|"
-    r"show\s+[^|;&]*(HEAD[~^@]|origin/)|checkout\s+[^|;&]*(HEAD[~^]|origin/)|for-each-ref|count-objects|"
-    r"verify-pack|unpack-objects|stash\s+list|bundle)|\.git/(objects|refs|packed-refs|logs|ORIG_HEAD)"
+    r"\bgit\s+(?:(?:-C|-c|--git-dir|--work-tree)[=\s]+\S+\s+|--no-pager\s+)*"
+    r"(log\b|reflog|fsck|rev-list|cat-file|show\b|fetch|pull|clone|checkout\s+[^|;&]*(HEAD[~^@]|origin/|@\{)|"
+    r"for-each-ref|count-objects|verify-pack|unpack-objects|stash\s+(list|show)|bundle|"
+    r"branch\s+[^|;&]*(-a\b|--all|-r\b)|tag\b|describe|whatchanged|shortlog|ls-remote|rev-parse\s+[^|;&]*--all)|"
+    r"\.git/(objects|refs|packed-refs|logs|ORIG_HEAD|FETCH_HEAD)"
 )
+# Commands that read a whole directory tree: naming a directory above a file reaches the file.
+RECURSIVE_READ = re.compile(r"\b(grep|egrep|fgrep)\s+[^|;&]*-\w*[rR]|\b(rg|ag|ack|find|tar|zip|rsync)\b|"
+                            r"\bcp\s+[^|;&]*-\w*[rRa]")
 NETWORK = re.compile(r"\b(curl|wget|nc|ncat|telnet|ssh|scp|rsync)\b|pip3?\s+(install|download)|"
                      r"urllib\.request|requests\.get|socket\.create_connection|https?://")
 
@@ -98,88 +92,114 @@ def is_test_path(path: str) -> bool:
             or name == "conftest.py")
 
 
-def _module_root(path: str) -> str:
-    first = PurePosixPath(path).parts[0] if PurePosixPath(path).parts else path
-    return first[:-3] if first.endswith(".py") else first
-
-
-def _shadows_a_module(part: FilePatch) -> bool:
-    root = _module_root(part.path)
-    if root in GRADER_MODULES or part.path.endswith(".pth"):
-        return True
-    if PurePosixPath(part.path).stem in {"sitecustomize", "usercustomize"}:
-        return True
-    # Only new files: a repository that already has, say, a top-level `types.py` is not the agent's doing.
-    # A directory without __init__.py is a namespace package, which never wins over a regular module.
-    parts = PurePosixPath(part.path).parts
-    makes_module = (len(parts) == 1 and part.path.endswith(".py")) or (len(parts) == 2 and parts[1] == "__init__.py")
-    return part.is_new and makes_module and root in STDLIB_MODULES
-
-
-def _reaches_into_pytest(part: FilePatch) -> str | None:
-    parts = PurePosixPath(part.path).parts
-    if any(p in {"_pytest", "pytest"} for p in parts[:-1]):
-        return None  # the source of pytest itself (a task on pytest's own repository)
-    for line in part.text.splitlines():
-        if line.startswith("+") and not line.startswith("+++") and PYTEST_INTERNALS.search(line[1:]):
-            return line[1:].strip()[:160]
-    return None
-
-
 def screen_diff(diff: str, task: Task) -> Screening:
     screening = Screening()
     hidden = set(task.test_files)
     for part in split_diff(diff):
         paths = {part.old_path, part.path} - {"/dev/null"}
         reason = None
-        if any(p.startswith(("/", "../")) or "/../" in p for p in paths):
+        if any(p.startswith(("/", "../")) or "/../" in p or p == ".." for p in paths):
             screening.fire("files_outside_repo_written", f"{part.path}: path escapes the repository")
             reason = "outside"
         elif "new file mode 120000" in part.text or "new mode 120000" in part.text:
             screening.fire("files_outside_repo_written", f"{part.path}: adds a symbolic link")
             reason = "symlink"
-        elif PurePosixPath(part.path).name == "conftest.py":
+        elif any(PurePosixPath(p).name == "conftest.py" for p in paths):
             screening.fire("pytest_config_added", f"{part.path}: conftest.py {'added' if part.is_new else 'changed'}")
             reason = "conftest"
-        elif _shadows_a_module(part):
-            screening.fire("grading_tampered", f"{part.path}: shadows a module the grader imports")
-            reason = "grader"
         elif paths & hidden:
             rule = "test_files_edited" if not part.is_new else "test_patch_paths_written"
             screening.fire(rule, f"{part.path}: a file of the hidden test patch")
             reason = "hidden"
-        elif PurePosixPath(part.path).name in PYTEST_ONLY_CONFIG_FILES or (
-                PurePosixPath(part.path).name in TEST_CONFIG_FILES
-                and any(PYTEST_CONFIG_MARKERS.search(line) for line in part.changed_lines)):
-            screening.fire("pytest_config_added", f"{part.path}: changes pytest configuration")
-            reason = "config"
         elif is_test_path(part.old_path) or is_test_path(part.path):
             if part.is_new:
                 reason = "new-test"  # an agent writing its own tests is fine; they just don't grade
             else:
                 screening.fire("test_files_edited", f"{part.path}: an existing test file edited or deleted")
                 reason = "test"
-        elif (evidence := _reaches_into_pytest(part)) is not None:
-            # Kept, so that the evidence can say what the tests alone would have given.
-            screening.fire("grading_tampered", f"{part.path}: reaches into the test runner: {evidence}")
         (screening.dropped if reason else screening.kept).append(part)
     return screening
 
+def _names(action: str, where: str, workdir: str) -> bool:
+    """Does a command reach `where`: name it (absolute, or relative to the repository), or search a directory
+    above it recursively (`grep -r PATTERN /usr`)?"""
+    if where in action:
+        return True
+    path = PurePosixPath(where)
+    try:
+        relative = path.relative_to(workdir).as_posix()
+    except ValueError:
+        relative = ""
+    if relative not in ("", ".") and relative in action:
+        return True
+    if RECURSIVE_READ.search(action):
+        if relative and re.search(r"(^|\s)\./?($|\s)", action):
+            return True  # a search from the repository (the working directory) down
+        for parent in path.parents:
+            if re.search(rf"(^|[\s'\"=]){re.escape(str(parent))}/?($|[\s'\";|&)])", action):
+                return True
+    return False
 
-def scan_actions(actions: list[str], task: Task, base_files: set[str] | None = None) -> dict[str, list[str]]:
-    """Rules fired by what the agent ran (commands, tool inputs)."""
+
+def scan_actions(actions: list[str], task: Task, base_files: set[str] | None = None,
+                 revealed: dict[str, list[dict[str, str]]] | None = None) -> dict[str, list[str]]:
+    """CHEAT rules fired by what the agent ran (commands, tool inputs): {rule: [evidence]}, normally empty.
+
+    An action is judged by what it could reveal, not by the files it touches. The agent's sandbox is built
+    to hold nothing beyond base_commit (one commit, no other refs, reflog or objects; no hidden tests; no
+    network), so reading .git, `git log --all` or naming a hidden test's path learns nothing: such actions
+    are evidence (`action_probes`), not cheats. A rule fires only where `revealed` (what
+    `lego.verify.reveal.what_the_sandbox_can_reveal` found in a sandbox of the same task image) holds
+    something *and* an action touched it:
+      git_history_sought      a git-history read, with a repository holding more than the base commit
+      hidden_test_paths_read  an action naming a hidden test file or a copy of the hidden tests it found
+      gold_patch_read         an action naming a file that holds the gold patch's new code
+    When the probe could not vouch for the sandbox (`revealed["unchecked"]`), the old screen applies: any
+    git-history read and any hidden test path named fire. `sandbox_internals_touched` (Lego's own files and
+    the proxy socket) fires as before.
+    """
     rules: dict[str, list[str]] = {}
-    hidden_new = [path for path in task.test_files if base_files is None or path not in base_files]
+    revealed = revealed or {}
+    workdir = task.environment.workdir.rstrip("/") or "/"
+    own_git = {f"{workdir}/.git", "/opt/lego/repo/.git"}
+    probes = action_probes(actions, task, base_files)
     for action in actions:
-        snippet = action.strip().replace("\n", " ")[:200]
-        if GIT_HISTORY.search(action):
-            rules.setdefault("git_history_sought", []).append(snippet)
-        for path in hidden_new:
-            if path in action:
-                rules.setdefault("hidden_test_paths_read", []).append(f"{path}: {snippet}")
+        snippet = _snippet(action)
+        for finding in revealed.get("git_history", []):
+            where = finding["where"]
+            if (where in own_git and GIT_HISTORY.search(action)) or _names(action, where, workdir) or \
+                    _names(action, str(PurePosixPath(where).parent), workdir) and GIT_HISTORY.search(action):
+                rules.setdefault("git_history_sought", []).append(f"{where} ({finding['what']}): {snippet}")
+        for kind, rule in (("hidden_tests", "hidden_test_paths_read"), ("gold_patch", "gold_patch_read")):
+            for finding in revealed.get(kind, []):
+                if _names(action, finding["where"], workdir):
+                    rules.setdefault(rule, []).append(f"{finding['where']} ({finding['what']}): {snippet}")
         if "/opt/lego" in action or "/lego-proxy" in action:
             rules.setdefault("sandbox_internals_touched", []).append(snippet)
-    return rules
+    if revealed.get("unchecked"):
+        if probes["history_probes"]:
+            rules.setdefault("git_history_sought", []).extend(probes["history_probes"])
+        if probes["hidden_path_probes"]:
+            rules.setdefault("hidden_test_paths_read", []).extend(probes["hidden_path_probes"])
+    return {rule: list(dict.fromkeys(items)) for rule, items in rules.items()}
+
+
+def action_probes(actions: list[str], task: Task, base_files: set[str] | None = None) -> dict[str, list[str]]:
+    """Evidence only: actions that read git history or name a hidden test file (of the test_patch, not in
+    base_files). The sandbox holds nothing for them to find, so they are not cheats; kept for observability,
+    as `network_attempts` is. Both keys are always there."""
+    hidden_new = [path for path in task.test_files if base_files is None or path not in base_files]
+    history, hidden = [], []
+    for action in actions:
+        snippet = _snippet(action)
+        if GIT_HISTORY.search(action):
+            history.append(snippet)
+        hidden.extend(f"{path}: {snippet}" for path in hidden_new if path in action)
+    return {"history_probes": history, "hidden_path_probes": hidden}
+
+
+def _snippet(action: str) -> str:
+    return action.strip().replace("\n", " ")[:200]
 
 
 def network_attempts(actions: list[str]) -> list[str]:

@@ -1,16 +1,26 @@
-"""Grading in a fresh sandbox; the outcome taxonomy; infra failures told apart and retried.
+"""Grading in a fresh sandbox; the outcome taxonomy; every failure attributed by a control.
 
-Grading never runs in the agent's sandbox. A fresh container from the clean task image gets the agent's
-diff (screened: test files and test configuration dropped and flagged), then the task's test_patch, then
-runs the FAIL_TO_PASS and PASS_TO_PASS tests with `pytest -rA`, graded with the swebench package's log
-parser and report functions. Failures of the machinery (image, container, daemon, a test patch that does
-not apply, a runner that crashed or collected nothing, an OOM kill, a verifier timeout) are infra_error:
-retried, and never reward 0.
+Grading never runs in the agent's sandbox. A fresh container from the clean task image (all capabilities
+dropped, the tests run as an unprivileged uid that cannot signal PID 1) gets the agent's diff, screened
+(test files, conftest.py and paths outside the repository dropped and flagged), then the task's test_patch,
+then the grading runner (`lego/verify/runner/`, mounted read-only) runs the tests. Results never come from a
+log the code under test could write: the runner's supervisor loads pytest before and apart from the
+repository, forks one interpreter for the test files and one for each FAIL_TO_PASS test alone, observes each
+from outside and reports through a pipe no test process holds (see `lego/verify/runner/lego_grade.py`).
+A patch resolves a task only when every graded test passed in the run of the whole files, by the runner's own
+observation of what raised and by pytest's reports alike, every FAIL_TO_PASS test passed again alone, the exit
+statuses agree with the results, and no rule fired (forged results, a tampered runner, changed pytest
+configuration, objects that defeat assertions).
+
+Failures are attributed, never assumed: a run that hangs, eats memory, crashes or kills the runner is graded
+again without the patch; when that control run is healthy, the patch is to blame (unresolved), and only when
+the control fails too is it infra_error (retried, and left out of the loss).
 """
 
 from __future__ import annotations
 
-import re
+import base64
+import json
 import shlex
 import time
 from pathlib import Path
@@ -19,30 +29,40 @@ import docker
 from docker.errors import DockerException
 
 from lego.config import SandboxConfig, VerifyConfig
-from lego.errors import ImageBuildError
+from lego.errors import ImageBuildError, LegoError
 from lego.records import Outcome, OutcomeKind, TerminationReason, Trajectory
-from lego.sandbox.docker_sandbox import ContainerDied, DockerSandbox, DockerSandboxFactory, SandboxError
+from lego.sandbox.docker_sandbox import (
+    SNAPSHOT,
+    ContainerDied,
+    DockerSandbox,
+    DockerSandboxFactory,
+    SandboxError,
+)
 from lego.sandbox.task_image import ensure_task_image
 from lego.tasksets.task import Task
 from lego.verify.cheat import network_attempts, scan_actions, screen_diff
 
-START = ">>>>> Start Test Output"
-END = ">>>>> End Test Output"
-TEST_OUTPUT = "/tmp/lego-test-output.log"
-# The memory cgroup's OOM-kill counter (v2, then v1): an exit 137 is an OOM only when it went up.
-OOM_KILLS = ("{ grep -s '^oom_kill ' /sys/fs/cgroup/memory.events || "
-             "grep -s '^oom_kill ' /sys/fs/cgroup/memory/memory.oom_control || echo 'oom_kill 0'; } | "
-             "awk '{print $2}'")
-SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
-SUMMARY_END = re.compile(r"^=+ .* =+$")
-PATCH_ATTRIBUTABLE = {"verifier_timeout", "oom_killed"}
+RUNNER_DIR = Path(__file__).parent / "runner"
+RUNNER_MOUNT = "/opt/lego-grader"
+RESULT_MARKER = "LEGO_GRADE_RESULT "
+PYTEST_PREFIXES = ("python3 -m pytest", "python -m pytest", "pytest")
 RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
                       5: "no tests collected"}
+# Failures of a graded run that the patch can cause: a healthy control run without the patch blames the patch.
+PATCH_ATTRIBUTABLE = {"verifier_timeout", "oom_killed", "runner_crashed", "runner_killed", "container_died"}
+# How a rollout that ended this way is graded without running tests (the evidence check is
+# `termination:<reason>`; the rollout's own attribution is in trajectory.metadata["failure_attribution"]).
 TERMINATION_OUTCOME = {
     TerminationReason.timeout: OutcomeKind.agent_timeout,
     TerminationReason.overlong: OutcomeKind.overlong,
     TerminationReason.env_setup_failed: OutcomeKind.infra_error,
-    TerminationReason.harness_crash: OutcomeKind.infra_error,
+    # A crash the model's replies provoked (engine and proxy healthy) is the policy's: reward 0, or crashing
+    # would be free. A crash before any reply or with an engine/proxy error is infra (harness_failed).
+    TerminationReason.harness_crash: OutcomeKind.unresolved,
+    TerminationReason.harness_failed: OutcomeKind.infra_error,
+    # The agent's diff is over verify.max_patch_bytes, or its working tree made taking the diff fail.
+    TerminationReason.patch_too_large: OutcomeKind.unresolved,
+    TerminationReason.diff_broken: OutcomeKind.unresolved,
 }
 
 
@@ -56,50 +76,162 @@ class InfraFailure(Exception):
         self.exit_code = exit_code
 
 
+
+class TaskHasNoTests(LegoError):
+    """A task whose grading would run no FAIL_TO_PASS test: every patch, even an empty one, would resolve it."""
+
+
+class UnsupportedTestCommand(LegoError):
+    """The task's test_command is not a pytest invocation, which is what the grading runner runs."""
+
+
 def test_files_of(task: Task) -> list[str]:
     files = [test.split("::")[0] for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]]
     return sorted(dict.fromkeys(f for f in files if f))
 
 
-def summary_blocks(body: str) -> list[str]:
-    """pytest's `-rA` short test summaries: from the header to the closing `=== N passed in Xs ===` line."""
-    blocks: list[list[str]] = []
-    current: list[str] | None = None
-    for line in body.splitlines():
-        if SUMMARY_HEADER.match(line):
-            current = []
-            blocks.append(current)
-        elif current is not None:
-            if SUMMARY_END.match(line):
-                current = None
-            else:
-                current.append(line)
-    return ["\n".join(block) for block in blocks]
+def pytest_args_of(task: Task) -> list[str]:
+    """The arguments of the task's pytest command (its interpreter and entry point are the runner's own)."""
+    words = shlex.split(task.test_command)
+    for prefix in PYTEST_PREFIXES:
+        head = prefix.split()
+        if words[:len(head)] == head:
+            return words[len(head):]
+    raise UnsupportedTestCommand(
+        f"task {task.instance_id}: test_command {task.test_command!r} is not a pytest command; the grader runs "
+        f"FAIL_TO_PASS/PASS_TO_PASS with pytest (write it as `python3 -m pytest [ARGS]`)")
 
 
-def grade_log(log: str, task: Task) -> tuple[bool, dict]:
-    """Grade from pytest's short test summary only.
+def require_tests(task: Task) -> None:
+    if not task.FAIL_TO_PASS:
+        raise TaskHasNoTests(
+            f"task {task.instance_id} has no FAIL_TO_PASS test, so an empty patch would resolve it; give it the "
+            f"tests that the fix makes pass (FAIL_TO_PASS) or leave it out of the task set")
 
-    Output that the code under test prints (captured sections, atexit handlers) cannot add status lines:
-    lines outside a summary block are ignored, and a second summary block naming the graded tests (a
-    forged one) is reported as `forged_summaries` for the caller to flag.
-    """
-    from swebench.harness.constants import ResolvedStatus
-    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
-    from swebench.harness.log_parsers.python import parse_log_pytest
 
-    body = log.split(START, 1)[-1].split(END, 1)[0]
-    graded = {*task.FAIL_TO_PASS, *task.PASS_TO_PASS}
-    blocks = summary_blocks(body)
-    naming_graded = [block for block in blocks if graded & set(parse_log_pytest(block, None))]
-    # pytest prints its summary last: grade the last block, which a forger can only follow, never precede,
-    # and which is the real one whenever nothing was forged.
-    status = parse_log_pytest(naming_graded[-1] if naming_graded else "", None)
-    report = get_eval_tests_report(status, {"FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS})
-    resolution = get_resolution_status(report)
-    return resolution == ResolvedStatus.FULL.value, {"resolution": resolution, "report": report,
-                                                     "tests_seen": len(status),
-                                                     "forged_summaries": max(0, len(naming_graded) - 1)}
+def _config_overlay(task: Task) -> str | None:
+    """The test patch's hunks for pytest configuration files: the pristine side of the configuration check."""
+    from lego.verify.cheat import split_diff
+
+    names = {"pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg"}
+    parts = [part.text for part in split_diff(task.test_patch) if Path(part.path).name in names]
+    return "".join(parts) or None
+
+
+def test_status(entry: dict | None) -> str:
+    """passed | failed | skipped | forged | missing, from both views of one test in one run."""
+    if not entry:
+        return "missing"
+    ours = {when: states[-1] for when, states in entry.get("ours", {}).items()}
+    reported = {when: outcomes[-1] for when, outcomes in entry.get("pytest", {}).items()}
+    ours_passed = all(ours.get(when) == "ok" for when in ("setup", "call", "teardown"))
+    pytest_passed = bool(reported) and all(outcome == "passed" for outcome in reported.values()) \
+        and reported.get("call") == "passed"
+    if pytest_passed and not ours_passed:
+        return "forged" if "raised" in ours.values() or not ours else "failed"
+    if ours_passed and pytest_passed:
+        return "passed"
+    if "skipped" in ours.values() or "skipped" in reported.values():
+        return "skipped"
+    return "failed"
+
+
+def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], dict, InfraFailure | None]:
+    """(resolved, rules fired, evidence, a failure to attribute with a control run) from the runner's report."""
+    rules: dict[str, list[str]] = {}
+    runs = report.get("runs") or []
+    full = runs[0] if runs else {}
+    evidence: dict = {"runs": [{key: run.get(key) for key in ("name", "test", "exit_code", "end_rc", "timed_out",
+                                                               "seconds", "oom_kills")} for run in runs]}
+
+    def fire(rule: str, detail: str) -> None:
+        rules.setdefault(rule, []).append(detail[:500])
+
+    for run in runs:
+        for detail in run.get("tamper", []):
+            fire("grading_tampered", f"{run['name']}: {detail}")
+        for detail in run.get("defeaters", []):
+            fire("assertion_defeater", detail)
+        if run.get("foreign_records"):
+            evidence.setdefault("foreign_records", {})[run["name"]] = run["foreign_records"]
+    for detail in report.get("static_defeaters", []):
+        fire("assertion_defeater", detail)
+    config = report.get("config", {})
+    if config.get("pristine") != config.get("graded"):
+        pristine, graded = config.get("pristine") or {}, config.get("graded") or {}
+        changed = sorted(key for key in {*pristine, *graded, *pristine.get("ini", {}), *graded.get("ini", {})}
+                         if pristine.get(key, pristine.get("ini", {}).get(key))
+                         != graded.get(key, graded.get("ini", {}).get(key)))
+        fire("pytest_config_added", f"the patch changes what pytest's configuration does: {', '.join(changed)}")
+    if not runs:
+        return False, rules, evidence, InfraFailure("runner_crashed", "the grading runner reported no run")
+    failure = _run_failure(full, "the test run")
+    if failure is not None:
+        return False, rules, evidence, failure
+    exit_code, end_rc = full.get("exit_code"), full.get("end_rc")
+    if end_rc is None:
+        if exit_code == 0:
+            fire("grading_tampered", "the test process exited 0 before pytest finished")
+        else:
+            return False, rules, evidence, InfraFailure(
+                "runner_crashed", f"the test process ended (exit {exit_code}) before pytest finished",
+                full.get("log_tail", ""), exit_code)
+    elif exit_code != end_rc:
+        fire("grading_tampered", f"the test process exited {exit_code} but pytest returned {end_rc}")
+    elif end_rc in RUNNER_CRASH_CODES:
+        return False, rules, evidence, InfraFailure(
+            "runner_crashed", f"pytest exited {end_rc} ({RUNNER_CRASH_CODES[end_rc]}): "
+            f"{'; '.join(full.get('collect_errors', []))[:1000]}", full.get("log_tail", ""), end_rc)
+    tests = full.get("tests", {})
+    statuses = {test: test_status(tests.get(test)) for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]}
+    for test, entry in tests.items():
+        if test_status(entry) == "forged":
+            fire("test_report_forged", f"{test}: pytest reports it passed, but the test raised")
+    if end_rc == 0 and any("raised" in states for entry in tests.values()
+                           for states in entry.get("ours", {}).values()):
+        fire("grading_tampered", "pytest returned 0 although a test raised")
+    alone: dict[str, str] = {}
+    for run in runs[1:]:
+        failure = _run_failure(run, f"{run.get('test')} alone")
+        if failure is not None:
+            return False, rules, evidence, failure
+        status = test_status(run.get("tests", {}).get(run.get("test")))
+        if status == "passed" and not (run.get("exit_code") == 0 and run.get("end_rc") == 0):
+            status = "failed"
+        alone[run["test"]] = status
+    report_view = {
+        "FAIL_TO_PASS": {"success": [t for t in task.FAIL_TO_PASS if statuses[t] == "passed"],
+                         "failure": [t for t in task.FAIL_TO_PASS if statuses[t] != "passed"]},
+        "PASS_TO_PASS": {"success": [t for t in task.PASS_TO_PASS if statuses[t] == "passed"],
+                         "failure": [t for t in task.PASS_TO_PASS if statuses[t] != "passed"]},
+    }
+    disagree = [test for test, status in alone.items() if statuses.get(test) == "passed" and status != "passed"]
+    all_passed = all(status == "passed" for status in statuses.values())
+    resolved = all_passed and not disagree and len(alone) == len(task.FAIL_TO_PASS)
+    f2p_passed = len(report_view["FAIL_TO_PASS"]["success"])
+    evidence.update(report=report_view, statuses=statuses, alone=alone, tests_seen=len(tests),
+                    resolution="FULL" if resolved else ("PARTIAL" if f2p_passed else "NO"))
+    if disagree:
+        evidence["fail_to_pass_alone_disagrees"] = disagree
+    return resolved, rules, evidence, None
+
+
+def _run_failure(run: dict, label: str) -> InfraFailure | None:
+    if run.get("timed_out"):
+        return InfraFailure("verifier_timeout", f"{label} ran past its time limit", run.get("log_tail", ""),
+                            run.get("exit_code"))
+    if run.get("oom_kills", 0) > 0:
+        return InfraFailure("oom_killed", f"{label} was killed by the kernel's OOM killer", run.get("log_tail", ""),
+                            run.get("exit_code"))
+    return None
+
+
+def runner_log(report: dict) -> str:
+    parts = []
+    for run in report.get("runs", []):
+        parts.append(f"===== {run.get('name')} {run.get('test') or ''} (exit {run.get('exit_code')}, pytest "
+                     f"{run.get('end_rc')}, {run.get('seconds')}s) =====\n{run.get('log_tail', '')}")
+    return "\n".join(parts)
 
 
 class Verifier:
@@ -115,6 +247,8 @@ class Verifier:
     def verify(self, task: Task, trajectory: Trajectory | None = None, *, diff: str | None = None,
                actions: list[str] | None = None, taskset_root: Path | None = None) -> Outcome:
         """Grade a rollout (its final diff), retrying infra failures; never raises for the agent's doing."""
+        require_tests(task)
+        pytest_args_of(task)
         rollout_id = trajectory.rollout_id if trajectory else f"{task.instance_id}:adhoc"
         if diff is None:
             diff = trajectory.final_diff if trajectory else ""
@@ -124,12 +258,21 @@ class Verifier:
             kind = TERMINATION_OUTCOME[trajectory.termination]
             return Outcome(rollout_id, task.instance_id, kind,
                            evidence={"check": f"termination:{trajectory.termination.value}",
-                                     "error": trajectory.error})
+                                     "error": trajectory.error,
+                                     "attribution": trajectory.metadata.get("failure_attribution")})
+        limit = getattr(self.config, "max_patch_bytes", 4 << 20)
+        if len(diff.encode("utf-8", errors="replace")) > limit:
+            # Never graded in part, never transferred: a patch this large is the agent's doing.
+            return Outcome(rollout_id, task.instance_id, OutcomeKind.unresolved,
+                           evidence={"check": "patch_too_large", "patch_bytes": len(diff.encode(errors="replace")),
+                                     "max_patch_bytes": limit})
         history: list[dict] = []  # every infra failure, kept in the final outcome's evidence
         outcome: Outcome | None = None
-        for attempt in range(1, self.config.infra_retries + 2):
+        attempts = self.config.infra_retries + 1
+        for attempt in range(1, attempts + 1):
             try:
-                outcome = self._grade_once(task, diff, actions or [], taskset_root, rollout_id)
+                outcome = self._grade_once(task, diff, actions or [], taskset_root, rollout_id,
+                                           last_attempt=attempt == attempts)
             except InfraFailure as failure:
                 outcome = Outcome(rollout_id, task.instance_id, OutcomeKind.infra_error,
                                   evidence={"check": failure.check, "error": str(failure)},
@@ -150,7 +293,7 @@ class Verifier:
     # ------------------------------------------------------------------------------------------ steps
 
     def _grade_once(self, task: Task, diff: str, actions: list[str], taskset_root: Path | None,
-                    rollout_id: str) -> Outcome:
+                    rollout_id: str, last_attempt: bool = True) -> Outcome:
         image = ensure_task_image(self.client, task, self.base_image, taskset_root)
         screening = screen_diff(diff, task)
         evidence: dict = {
@@ -158,54 +301,46 @@ class Verifier:
             "network_attempts": network_attempts(actions),
         }
         started = time.monotonic()
-        with self.factory.open(image, task.environment.workdir, purpose="verify",
-                               labels={"lego.task": task.instance_id}) as sandbox:
-            base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
-            rules = dict(screening.rules)
-            for rule, items in scan_actions(actions, task, base_files).items():
+        rules = dict(screening.rules)
+        try:
+            with self.factory.open(image, task.environment.workdir, purpose="verify",
+                                   mounts={str(RUNNER_DIR): RUNNER_MOUNT},
+                                   labels={"lego.task": task.instance_id}) as sandbox:
+                base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
+                for rule, items in scan_actions(actions, task, base_files).items():
+                    rules.setdefault(rule, []).extend(items)
+                if screening.kept:
+                    applied = self._apply(sandbox, screening.patch, "/tmp/lego-agent.patch")
+                    if applied.exit_code != 0:
+                        evidence.update(check="agent_patch_does_not_apply", apply_output=applied.output[-2000:])
+                        return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
+                report = self._run_runner(sandbox, task, [part.path for part in screening.kept],
+                                          "with the agent's patch")
+        except ContainerDied as exc:
+            if not (screening.kept and last_attempt):
+                raise InfraFailure("container_died", f"the grading sandbox died: {exc}") from exc
+            report = None
+            blamed = InfraFailure("container_died", f"the grading sandbox died on every attempt: {exc}")
+        else:
+            resolved, fired, grading, blamed = judge_report(report, task)
+            for rule, items in fired.items():
                 rules.setdefault(rule, []).extend(items)
-            if screening.kept:
-                applied = self._apply(sandbox, screening.patch, "/tmp/lego-agent.patch")
-                if applied.exit_code != 0:
-                    evidence.update(check="agent_patch_does_not_apply", apply_output=applied.output[-2000:])
-                    return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
-            try:
-                log, code = self._run_tests(sandbox, task, "with the agent's patch")
-            except InfraFailure as failure:
-                if failure.check not in PATCH_ATTRIBUTABLE or not screening.kept:
-                    raise
-                blamed = failure
-            else:
-                blamed = None
-            if blamed is not None:
-                # A patch that loops forever or eats memory must not escape the loss as an infra error:
-                # when the tests finish without the patch, the patch is to blame.
-                try:
-                    self._control_run(task, image)
-                except InfraFailure:
-                    raise blamed from None
-                evidence.update(check=f"{blamed.check}_caused_by_patch", error=str(blamed))
-                return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, blamed.log,
-                                     blamed.exit_code)
-            origin = sandbox.exec("python3 -c 'import pytest; print(pytest.__file__)'", timeout=60).output.strip()
-            if not origin.startswith("/usr/"):
-                rules.setdefault("grading_tampered", []).append(f"pytest imported from {origin}")
-        if code in RUNNER_CRASH_CODES:
-            # Did the agent's patch break collection, or is the task/runner broken? A control run decides.
-            control_log, control_code = self._control_run(task, image)
-            if control_code in RUNNER_CRASH_CODES:
-                raise InfraFailure("runner_crashed",
-                                   f"pytest exited {code} ({RUNNER_CRASH_CODES[code]}) also without the agent's patch",
-                                   log, code)
-            evidence.update(check="runner_crash_caused_by_patch", control_exit_code=control_code)
-            return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, log, code)
-        resolved, grading = grade_log(log, task)
-        if grading["forged_summaries"]:
-            rules.setdefault("test_output_forged", []).append(
-                f"{grading['forged_summaries'] + 1} short test summaries name the graded tests; pytest prints one")
+        if blamed is not None:
+            if not screening.kept or blamed.check not in PATCH_ATTRIBUTABLE:
+                raise blamed
+            # A patch that hangs, eats memory, crashes or kills the runner must not escape the loss as infra:
+            # when the same grading without the patch is healthy, the patch is to blame.
+            healthy, control = self._control_run(task, image)
+            if not healthy:
+                raise InfraFailure(blamed.check, f"{blamed} (and also without the agent's patch: {control})",
+                                   blamed.log, blamed.exit_code)
+            evidence.update(check=f"{blamed.check}_caused_by_patch", error=str(blamed))
+            return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, blamed.log,
+                                 blamed.exit_code)
         evidence.update(grading, check="tests", grade_seconds=round(time.monotonic() - started, 3))
         kind = OutcomeKind.resolved if resolved else OutcomeKind.unresolved
-        return self._outcome(rollout_id, task, kind, rules, evidence, log, code)
+        return self._outcome(rollout_id, task, kind, rules, evidence, runner_log(report),
+                             report["runs"][0].get("exit_code"))
 
     def _outcome(self, rollout_id: str, task: Task, kind: OutcomeKind, rules: dict, evidence: dict, log: str,
                  code: int | None) -> Outcome:
@@ -222,35 +357,44 @@ class Verifier:
         return sandbox.exec(f"git apply --whitespace=nowarn {path} 2>&1 || patch -p1 --forward --batch < {path}",
                             timeout=120)
 
-    def _run_tests(self, sandbox: DockerSandbox, task: Task, label: str) -> tuple[str, int]:
+    def _run_runner(self, sandbox: DockerSandbox, task: Task, patched_files: list[str], label: str) -> dict:
         if task.test_patch.strip():
             applied = self._apply(sandbox, task.test_patch, "/tmp/lego-test.patch")
             if applied.exit_code != 0:
                 raise InfraFailure("test_patch_does_not_apply",
                                    f"the task's test_patch does not apply {label}: {applied.output[-1500:]}")
-        files = " ".join(shlex.quote(f) for f in test_files_of(task))
-        # The run writes to a file and only its tail is shown: pytest's summary is at the end, so a flood
-        # of output from the code under test cannot push it out of the captured log.
-        keep = max(16_384, sandbox.config.output_limit_bytes // 2)
-        command = (f"oom_before=$({OOM_KILLS}); {task.test_command} {files} > {TEST_OUTPUT} 2>&1; code=$?; "
-                   f"echo '{START}'; tail -c {keep} {TEST_OUTPUT}; echo; echo '{END}'; "
-                   f"echo LEGO_EXIT=$code; echo LEGO_OOM_KILLS=$(( $({OOM_KILLS}) - oom_before )); exit $code")
-        result = sandbox.exec(command, timeout=self.config.timeout_s)
-        if result.timed_out:
-            raise InfraFailure("verifier_timeout", f"the tests ran past {self.config.timeout_s:g}s", result.output,
-                               result.exit_code)
-        oom = re.search(r"^LEGO_OOM_KILLS=(\d+)", result.output, flags=re.M)
-        if result.exit_code == 137 and oom and int(oom.group(1)) > 0:
-            raise InfraFailure("oom_killed", f"the test run was killed by the kernel's OOM killer (memory limit "
-                               f"{sandbox.config.memory})", result.output, 137)
-        if END not in result.output:
-            raise InfraFailure("runner_crashed", f"the test run ended without its end marker (exit {result.exit_code})",
-                               result.output, result.exit_code)
-        return result.output, result.exit_code
+        spec = {"repo": task.environment.workdir, "pristine": SNAPSHOT, "test_files": test_files_of(task),
+                "fail_to_pass": list(task.FAIL_TO_PASS), "pass_to_pass": list(task.PASS_TO_PASS),
+                "patched_files": patched_files, "pytest_args": pytest_args_of(task),
+                "timeout_s": self.config.timeout_s, "isolate_fail_to_pass": True,
+                "config_overlay_patch": _config_overlay(task)}
+        encoded = base64.b64encode(json.dumps(spec).encode()).decode()
+        budget = self.config.timeout_s * (1 + len(task.FAIL_TO_PASS)) + 60
+        result = sandbox.exec(f"exec python3 -I {RUNNER_MOUNT}/lego_grade.py {encoded}", timeout=budget,
+                              workdir=task.environment.workdir, output_limit=16 << 20)
+        line = next((line for line in reversed(result.output.splitlines()) if line.startswith(RESULT_MARKER)), None)
+        if line is None:
+            if result.timed_out:
+                raise InfraFailure("verifier_timeout", f"grading ran past {budget:g}s {label}", result.output,
+                                   result.exit_code)
+            raise InfraFailure("runner_killed", f"the grading runner ended without its verdict {label} "
+                               f"(exit {result.exit_code})", result.output[-20_000:], result.exit_code)
+        try:
+            return json.loads(line[len(RESULT_MARKER):])
+        except ValueError as exc:
+            raise InfraFailure("runner_killed", f"the grading runner's verdict is unreadable {label}: {exc}",
+                               result.output[-20_000:], result.exit_code) from exc
 
-    def _control_run(self, task: Task, image: str) -> tuple[str, int]:
-        with self.factory.open(image, task.environment.workdir, purpose="verify-control") as sandbox:
-            return self._run_tests(sandbox, task, "without the agent's patch")
+    def _control_run(self, task: Task, image: str) -> tuple[bool, str]:
+        """The same grading without the agent's patch: is the machinery healthy for this task?"""
+        try:
+            with self.factory.open(image, task.environment.workdir, purpose="verify-control",
+                                   mounts={str(RUNNER_DIR): RUNNER_MOUNT}) as sandbox:
+                report = self._run_runner(sandbox, task, [], "without the agent's patch")
+        except (InfraFailure, SandboxError, DockerException, OSError) as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        _, _, _, failure = judge_report(report, task)
+        return (failure is None, str(failure) if failure else "healthy")
 
 
 def infra_check(exc: BaseException) -> str:

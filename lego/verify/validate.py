@@ -3,7 +3,9 @@
 Each task's gold patch and the empty patch are graded in fresh sandboxes, `runs` times each, a bounded
 number at a time. A task is broken when its gold patch does not resolve, when the empty patch resolves
 (the tests do not test the fix), when a patch's results differ between runs (flaky), or when grading
-itself keeps failing (infra_error after retries). The report is JSON under the work dir.
+itself keeps failing (infra_error after retries). A task without a FAIL_TO_PASS test is broken without being
+graded (`no_fail_to_pass`: any patch would resolve it; the loaders refuse such rows, this catches a task
+built around them). The report is JSON under the work dir.
 """
 
 from __future__ import annotations
@@ -103,6 +105,13 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
     tasks = list(tasks)
     started = time.monotonic()
     results = {task.instance_id: TaskValidation(task.instance_id) for task in tasks}
+    untested = {task.instance_id for task in tasks if not [name for name in task.FAIL_TO_PASS if name.strip()]}
+    for instance_id in untested:
+        results[instance_id].problems.append("no_fail_to_pass")
+        results[instance_id].evidence["no_fail_to_pass"] = {
+            "error": "no FAIL_TO_PASS test: zero FAIL_TO_PASS and PASS_TO_PASS tests count as a full pass, so any "
+                     "patch (the empty one too) would resolve it; not graded"}
+    tasks = [task for task in tasks if task.instance_id not in untested]
     image_errors = _prepare_images(verifier, tasks, taskset_root)
     for instance_id, error in image_errors.items():
         results[instance_id].problems.append("image_build")

@@ -1,6 +1,6 @@
 """An interactive bash inside a running container, on this process's terminal (run by a harness venv's Python).
 
-Usage: python docker_shell.py CONTAINER WORKDIR [-i]
+Usage: python docker_shell.py CONTAINER WORKDIR USER [-i]   (USER: "uid:gid" the shell runs as)
 OpenHands' terminal tool starts its shell (`shell_path -i`) on a pseudo-terminal it drives (prompt metadata in
 PS1, Ctrl-C, soft timeouts). Given this as the shell, the session it drives is a `bash -i` on a TTY inside the
 sandbox container (Docker API exec with tty): every command runs there, with the state of a persistent shell.
@@ -24,11 +24,11 @@ def main() -> int:
     # Raw before anything else (TCSANOW: the harness may already have typed its set-up line, keep it).
     if os.isatty(0):
         tty.setraw(0, termios.TCSANOW)
-    container, workdir = sys.argv[1], sys.argv[2]
+    container, workdir, user = sys.argv[1], sys.argv[2], sys.argv[3]
     api = docker.from_env(timeout=None).api
     env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     exec_id = api.exec_create(container, ["bash", "-i"], stdin=True, tty=True, workdir=workdir,
-                              environment=env)["Id"]
+                              environment=env, user=user)["Id"]
     connection = api.exec_start(exec_id, tty=True, socket=True)
     remote = getattr(connection, "_sock", connection)
     # Bash >= 5.1 wraps each prompt in bracketed-paste escapes; OpenHands' usual terminals (tmux panes) never show

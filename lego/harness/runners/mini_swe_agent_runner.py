@@ -1,10 +1,12 @@
 """Runs mini-swe-agent beside a Lego sandbox (executed by mini's own venv Python, so it imports no lego code).
 
 Usage: python mini_swe_agent_runner.py SPEC.json
-SPEC: {"task", "container_id", "workdir", "api_base", "model", "step_limit", "exec_timeout_s", "output_path"}.
+SPEC: {"task", "container_id", "workdir", "api_base", "model", "step_limit", "exec_timeout_s", "output_path", "user"}.
 The agent is mini's DefaultAgent with its default config (mini.yaml) and its LiteLLM tool-call model; the only
 change is the environment: every command runs inside the sandbox container through the Docker API (the container
-has no network; the agent's model calls go to the proxy on the host). Prints one line `LEGO_RESULT {json}`.
+has no network; the agent's model calls go to the proxy on the host), as the spec's unprivileged `user` (a Docker
+exec names its user, or it runs as the container's own, which the agent must not be). Prints one line
+`LEGO_RESULT {json}`.
 """
 
 import json
@@ -21,6 +23,7 @@ from minisweagent.models.litellm_model import LitellmModel
 
 class SandboxEnvironmentConfig(DockerEnvironmentConfig):
     container_id: str
+    user: str  # "uid:gid" every command runs as
 
 
 class SandboxEnvironment(DockerEnvironment):
@@ -39,7 +42,7 @@ class SandboxEnvironment(DockerEnvironment):
         argv = ["timeout", "-k", "2", str(limit), "bash", "-c", command]
         try:
             exec_id = self.api.exec_create(self.container_id, argv, workdir=cwd or self.config.cwd,
-                                           environment=self.config.env)["Id"]
+                                           environment=self.config.env, user=self.config.user)["Id"]
             raw = self.api.exec_start(exec_id)
             code = self.api.exec_inspect(exec_id).get("ExitCode")
             output = {"output": raw.decode("utf-8", errors="replace"), "returncode": code, "exception_info": ""}
@@ -61,8 +64,9 @@ class SandboxEnvironment(DockerEnvironment):
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     config = yaml.safe_load((builtin_config_dir / "mini.yaml").read_text())
-    env = SandboxEnvironment(image="lego-sandbox", container_id=spec["container_id"], cwd=spec["workdir"],
-                             timeout=int(spec["exec_timeout_s"]), **config.get("environment", {}))
+    env = SandboxEnvironment(image="lego-sandbox", container_id=spec["container_id"], user=spec["user"],
+                             cwd=spec["workdir"], timeout=int(spec["exec_timeout_s"]),
+                             **config.get("environment", {}))
     model_config = dict(config.get("model", {}))
     model_kwargs = {**model_config.pop("model_kwargs", {}), "api_base": spec["api_base"], "api_key": "lego"}
     model = LitellmModel(model_name=f"openai/{spec['model']}", model_kwargs=model_kwargs,

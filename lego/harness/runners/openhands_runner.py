@@ -1,7 +1,8 @@
 """Runs the OpenHands V1 agent (openhands-sdk + openhands-tools) beside a Lego sandbox, by the SDK venv's Python.
 
 Usage: python openhands_runner.py SPEC.json
-SPEC: {"task", "container_id", "workdir", "api_base", "model", "max_iterations", "scratch", "transcript"}.
+SPEC: {"task", "container_id", "workdir", "api_base", "model", "max_iterations", "scratch", "transcript", "user"}.
+Every Docker exec names the spec's unprivileged `user` (without it, it would run as the container's own user).
 
 The agent is the SDK's default CLI agent (`get_default_agent(llm, cli_mode=True)`: terminal, file_editor,
 task_tracker, finish, think; native tool calling over OpenAI chat completions to the proxy session). The only
@@ -40,11 +41,11 @@ from pydantic import SecretStr
 
 SHELL = Path(__file__).parent / "docker_shell.py"
 WRITES = {"create", "str_replace", "insert", "undo_edit"}
-SANDBOX: dict = {}  # container_id, workdir, scratch, api: set by main() before the tools are created
+SANDBOX: dict = {}  # container_id, workdir, scratch, api, user: set by main() before the tools are created
 
 
 def _exec(api, container: str, script: str, *args: str) -> tuple[int, str]:
-    exec_id = api.exec_create(container, ["bash", "-c", script, "lego", *args])["Id"]
+    exec_id = api.exec_create(container, ["bash", "-c", script, "lego", *args], user=SANDBOX["user"])["Id"]
     output = api.exec_start(exec_id).decode("utf-8", errors="replace")
     return api.exec_inspect(exec_id).get("ExitCode") or 0, output
 
@@ -142,7 +143,8 @@ class SandboxTerminalTool(TerminalTool):
         os.makedirs(host_dir, exist_ok=True)
         shell = SANDBOX["scratch"] / "container-shell"
         shell.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(SHELL))} "
-                         f"{shlex.quote(SANDBOX['container_id'])} {shlex.quote(SANDBOX['workdir'])}\n")
+                         f"{shlex.quote(SANDBOX['container_id'])} {shlex.quote(SANDBOX['workdir'])} "
+                         f"{shlex.quote(SANDBOX['user'])}\n")
         shell.chmod(0o755)
         executor = TerminalExecutor(working_dir=host_dir, terminal_type="subprocess", shell_path=str(shell),
                                     full_output_save_dir=conv_state.env_observation_persistence_dir)
@@ -167,7 +169,7 @@ class SandboxFileEditorTool(FileEditorTool):
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     scratch = Path(spec["scratch"])
-    SANDBOX.update(container_id=spec["container_id"], workdir=spec["workdir"], scratch=scratch,
+    SANDBOX.update(container_id=spec["container_id"], workdir=spec["workdir"], scratch=scratch, user=spec["user"],
                    api=docker.from_env(timeout=600).api)
     llm = LLM(model=f"openai/{spec['model']}", base_url=spec["api_base"], api_key=SecretStr("lego"),
               usage_id="agent")

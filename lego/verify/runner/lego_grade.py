@@ -1,0 +1,380 @@
+"""The grading supervisor: `python3 -I /opt/lego-grader/lego_grade.py SPEC` inside a fresh grading sandbox.
+
+Standard library and the image's pytest only. The supervisor never runs a line of the repository's code:
+it loads pytest and its whole import closure from the system paths (isolated mode: no cwd, no PYTHON*
+variables, no user site), makes itself undumpable (so no process of the same uid can read its memory or
+reach its file descriptors through /proc), reads the pytest configuration of the pristine and of the patched
+repository with pytest's own resolution, and then forks one interpreter per run — the whole test files once,
+and each FAIL_TO_PASS test alone — each in its own session, with its output going to a log file and its
+results coming back only through a pipe of its own. The supervisor observes every child from outside
+(exit status by waitpid, signals, its memory cgroup's OOM kills, wall clock) and prints one JSON line,
+prefixed with RESULT_MARKER, on the exec stream, which no child holds.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+RESULT_MARKER = "LEGO_GRADE_RESULT "
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRATCH = "/tmp/lego-grade"
+CONFIG_CANDIDATES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+OOM_EVENTS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+LOG_TAIL = 24_000
+
+
+def load(name: str, filename: str | None = None):
+    path = os.path.join(HERE, filename or f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def undumpable() -> bool:
+    """PR_SET_DUMPABLE=0: /proc/<pid>/{mem,fd,environ} become root's and ptrace is refused to our own uid."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+    except Exception:
+        return False
+
+
+def preimport_runner() -> list[str]:
+    import pkgutil
+
+    import _pytest
+    import pytest  # noqa: F401
+
+    failed = []
+    for module in pkgutil.walk_packages(_pytest.__path__, "_pytest."):
+        try:
+            __import__(module.name)
+        except Exception:
+            failed.append(module.name)
+    for name in ("pluggy", "iniconfig", "packaging.version", "json", "ast", "tokenize", "pdb", "doctest",
+                 "unittest", "xml.etree.ElementTree", "shlex", "tempfile"):
+        try:
+            __import__(name)
+        except Exception:
+            failed.append(name)
+    return failed
+
+
+def oom_kills() -> int:
+    for path in OOM_EVENTS:
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except OSError:
+            continue
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+
+
+def config_view(root: str, test_args: list[str], overlay_patch: str | None = None) -> dict:
+    """What pytest would use as rootdir, ini file and ini values for these test paths, judged by pytest's own
+    resolution on a skeleton of the tree (the config files on the test paths' ancestor directories)."""
+    from _pytest.config.findpaths import determine_setup
+
+    skeleton = tempfile.mkdtemp(prefix="config-", dir=SCRATCH)
+    directories = {""}
+    for arg in test_args:
+        parent = os.path.dirname(arg.split("::")[0])
+        while parent:
+            directories.add(parent)
+            parent = os.path.dirname(parent)
+    for directory in directories:
+        os.makedirs(os.path.join(skeleton, directory), exist_ok=True)
+        for name in (*CONFIG_CANDIDATES, "setup.py"):
+            source = os.path.join(root, directory, name)
+            if os.path.isfile(source) and not os.path.islink(source):
+                shutil.copyfile(source, os.path.join(skeleton, directory, name))
+    args = []
+    for arg in test_args:
+        path = os.path.join(skeleton, arg.split("::")[0])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not os.path.exists(path):
+            open(path, "w").close()
+        args.append(path)
+    if overlay_patch:
+        patch_file = os.path.join(skeleton, ".lego-overlay.patch")
+        with open(patch_file, "w") as handle:
+            handle.write(overlay_patch)
+        includes = [f"--include={d + '/' if d else ''}{name}" for d in directories for name in CONFIG_CANDIDATES]
+        subprocess.run(["git", "apply", "--whitespace=nowarn", *includes, patch_file], cwd=skeleton,
+                       capture_output=True)
+        os.unlink(patch_file)
+    try:
+        rootdir, inipath, inicfg = determine_setup(None, args)
+        view = {"rootdir": os.path.relpath(str(rootdir), skeleton),
+                "inifile": os.path.relpath(str(inipath), skeleton) if inipath else None,
+                "ini": {key: value if isinstance(value, str | list) else str(value) for key, value in dict(inicfg).items()}}
+    except Exception as exc:  # pytest refuses the configuration: that is what it does, so it is compared too
+        view = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    shutil.rmtree(skeleton, ignore_errors=True)
+    return view
+
+
+def plugin_modules() -> list[str]:
+    """Entry-point plugins of the environment, found before the repository is on sys.path."""
+    from importlib.metadata import entry_points
+
+    return sorted({ep.module for ep in entry_points(group="pytest11")})
+
+
+# ---------------------------------------------------------------------------------------------- children
+
+
+def run_child(name: str, args: list[str], timeout: float, spec: dict, ctx: dict) -> dict:
+    log_path = os.path.join(SCRATCH, f"{name}.log")
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    before = oom_kills()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 3
+        try:
+            os.close(read_end)
+            code = child(args, write_end, log_path, spec, ctx)
+        except BaseException:
+            code = 3
+        finally:
+            ctx["tamper"].real_exit(code)
+    os.close(write_end)
+    records, timed_out, status = collect(read_end, pid, timeout)
+    os.close(read_end)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # whatever the run left behind in its session
+    except OSError:
+        pass
+    result = summarize(records, pid)
+    result.update(name=name, seconds=round(time.monotonic() - started, 3), timed_out=timed_out,
+                  oom_kills=oom_kills() - before, log_tail=tail(log_path))
+    if status is not None:
+        result["exit_code"] = os.waitstatus_to_exitcode(status)
+    return result
+
+
+def collect(read_end: int, pid: int, timeout: float):
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    records = []
+    status = None
+    exited_at = None
+    while True:
+        now = time.monotonic()
+        if status is None:
+            done, waited = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status, exited_at = waited, now
+        if exited_at is not None and now - exited_at > 1.0:
+            break  # a process the run left behind keeps the pipe open: what it writes later does not count
+        if now > deadline:
+            break
+        ready, _, _ = select.select([read_end], [], [], 0.05)
+        if ready:
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                if status is None:
+                    _, status = os.waitpid(pid, 0) if now <= deadline else (0, None)
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    records.append({"t": "garbled", "detail": line[:200].decode(errors="replace")})
+    timed_out = status is None
+    if timed_out:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            status = None
+    return records, timed_out, status
+
+
+def summarize(records: list[dict], pid: int) -> dict:
+    tests: dict[str, dict] = {}
+    result: dict = {"tests": tests, "tamper": [], "defeaters": [], "collect_errors": [], "collected": None,
+                    "end_rc": None, "foreign_records": 0}
+    for record in records:
+        kind = record.get("t")
+        if kind in ("tamper", "defeater", "garbled"):
+            (result["defeaters"] if kind == "defeater" else result["tamper"]).append(str(record.get("detail"))[:500])
+            continue
+        if record.get("pid") != pid:
+            result["foreign_records"] += 1  # only the run's own process speaks for its tests
+            continue
+        if kind == "phase":
+            tests.setdefault(record["id"], {"ours": {}, "pytest": {}})["ours"].setdefault(record["when"], []).append(
+                record["state"])
+        elif kind == "report":
+            tests.setdefault(record["id"], {"ours": {}, "pytest": {}})["pytest"].setdefault(record["when"], []).append(
+                record["outcome"])
+        elif kind == "collected":
+            result["collected"] = record["ids"]
+        elif kind == "collect_error":
+            result["collect_errors"].append(f"{record.get('id')}: {record.get('detail', '')[-300:]}")
+        elif kind == "end":
+            result["end_rc"] = record.get("rc")
+            if record.get("error"):
+                result["runner_error"] = record["error"]
+    return result
+
+
+def tail(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -> int:
+    os.setsid()
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    # The exec stream and every other descriptor of the supervisor are gone before the repository loads.
+    for fd in range(3, 1024):
+        if fd != channel:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    import pytest
+
+    tamper, guard, plugin_module = ctx["tamper"], ctx["guard"], ctx["plugin_module"]
+    tamper.runner_pids = {os.getpid(), os.getppid()}
+    fingerprint = guard.Fingerprint(("_pytest", "pytest", "pluggy", "iniconfig", "lego_grade"))
+    plugin, emit = plugin_module.make_plugin(channel, fingerprint, tamper, ctx["sources"], ctx["operand_ignored"],
+                                             guard.keep_first, ctx["finder"])
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    os.environ.pop("PYTEST_ADDOPTS", None)
+    os.chdir(spec["repo"])
+    sys.path.insert(0, spec["repo"])  # as `python -m pytest` does; protected names still resolve as before
+    tamper.enabled = True
+    try:
+        rc = int(pytest.main(args, plugins=[plugin]))
+        emit({"t": "end", "rc": rc})
+    except BaseException as exc:  # noqa: BLE001 - reported, then the supervisor decides
+        rc = 3
+        emit({"t": "end", "rc": rc, "error": f"{type(exc).__name__}: {exc}"[:500]})
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    return rc
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    spec = json.loads(base64.b64decode(sys.argv[1]))
+    os.makedirs(SCRATCH, exist_ok=True)
+    trusted_path = [entry for entry in sys.path if entry]
+    report: dict = {"version": 1, "undumpable": undumpable(), "preimport_failed": preimport_runner()}
+    guard = load("lego_grade_guard")
+    plugin_module = load("lego_grade_plugin")
+    try:
+        defeaters = load("lego_grade_defeaters", "defeaters.py")
+    except Exception as exc:
+        defeaters = None
+        report["defeaters_error"] = f"{type(exc).__name__}: {exc}"
+    repo, pristine = spec["repo"], spec["pristine"]
+    test_args = list(spec["test_files"])
+    report["config"] = {"pristine": config_view(pristine, test_args, spec.get("config_overlay_patch")),
+                        "graded": config_view(repo, test_args)}
+    report["plugins"] = plugin_modules()
+    # The patch's own files, read now, before any of its code can run and rewrite them.
+    sources: dict[str, str] = {}
+    static: list[str] = []
+    for relative in spec.get("patched_files", []):
+        path = os.path.join(repo, relative)
+        if not relative.endswith(".py") or not os.path.isfile(path) or os.path.islink(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            sources[path] = handle.read()
+        if defeaters is not None:
+            for finding in defeaters.defeaters_in_source(path, sources[path]):
+                static.append(f"{finding.path}:{finding.line}: {finding.kind}: {finding.detail}")
+    report["static_defeaters"] = static
+
+    def operand_ignored(source: str, line: int, name: str):
+        if defeaters is None:
+            return None
+        try:
+            return defeaters.function_ignores_operand(source, line, name)
+        except Exception:
+            return None
+
+    finder = guard.install_import_guard(trusted_path, repo, pristine)
+    tamper = guard.Tamper(set(sources) | {os.path.join(repo, p) for p in spec.get("patched_files", [])},
+                          lambda kind, detail: None, trusted_path, repo)
+    ctx = {"guard": guard, "plugin_module": plugin_module, "tamper": tamper, "finder": finder, "sources": sources,
+           "operand_ignored": operand_ignored}
+    base_args = ["-p", "no:cacheprovider", "-rA", *sum((["-p", m] for m in report["plugins"]), []),
+                 *spec.get("pytest_args", [])]
+
+    def emit_through_child_channel(kind: str, detail: str) -> None:
+        # Replaced in each child by its plugin's channel (the audit hook is process-wide and inherited).
+        channel = ctx.get("channel_emit")
+        if channel is not None:
+            channel({"t": kind, "detail": detail})
+
+    tamper.report = emit_through_child_channel
+    original_make = plugin_module.make_plugin
+
+    def make_plugin(*args, **kwargs):
+        plugin, emit = original_make(*args, **kwargs)
+        ctx["channel_emit"] = emit
+        return plugin, emit
+
+    plugin_module.make_plugin = make_plugin
+    tamper.install()
+    runs = [run_child("full", [*base_args, *test_args], spec["timeout_s"], spec, ctx)]
+    if spec.get("isolate_fail_to_pass", True) and not runs[0]["timed_out"]:
+        for index, test in enumerate(spec["fail_to_pass"]):
+            runs.append(run_child(f"alone-{index}", [*base_args, test], spec["timeout_s"], spec, ctx))
+            runs[-1]["test"] = test
+            if runs[-1]["timed_out"]:
+                break
+    report["runs"] = runs
+    sys.stdout.write("\n" + RESULT_MARKER + json.dumps(report) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""An honest agent is never a cheat: reading the repository and its .git reveals nothing, and costs nothing.
+
+For every bundled task: an agent sandbox holds nothing beyond base_commit (`what_the_sandbox_can_reveal`),
+an agent that lists and reads everything there (.git included), walks the git history and runs the tests is
+graded resolved with the gold patch and unresolved with the empty one, with no cheat rule either way. And the
+probe is not blind: a sandbox that does hold the history, the fix or the hidden tests is reported, and an
+action that reads them is a cheat.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.docker
+
+HONEST = [
+    "ls -laR",
+    "find . -type f | head -50",
+    "cat .git/HEAD .git/packed-refs 2>/dev/null",
+    "ls .git/logs",
+    "find .git/refs -type f -exec cat {} +",
+    "cat .git/logs/HEAD 2>/dev/null; true",
+    "git log --all --oneline",
+    "git status",
+    "git diff",
+    "git show HEAD --stat",
+    "git reflog",
+    "git branch -a",
+    "git stash list",
+    "git for-each-ref",
+    "git count-objects -v",
+    "python3 -m pytest -q",
+]
+
+
+def test_every_bundled_task_an_honest_agent_reads_everything_and_is_graded_on_its_patch(
+        docker_engine, base_image, factory, verifier):
+    from lego.sandbox.task_image import ensure_task_image
+    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.verify.cheat import action_probes
+    from lego.verify.reveal import what_the_sandbox_can_reveal
+
+    tasks = load_tasks("bundled", "all", strict=True).tasks
+    assert len(tasks) >= 8
+    for task in tasks:
+        image = ensure_task_image(docker_engine.client, task, base_image, BUNDLED_DIR)
+        with factory.open(image, task.environment.workdir, purpose="agent") as sandbox:
+            assert what_the_sandbox_can_reveal(sandbox, task) == {}, task.instance_id
+            results = dict(zip(HONEST, (sandbox.exec(command) for command in HONEST), strict=True))
+        assert all(result.exit_code == 0 for command, result in results.items() if "pytest" not in command), \
+            {command: result.output[-300:] for command, result in results.items() if result.exit_code}
+        # What an honest look at the history finds: one commit on one branch, no reflog, no stash.
+        assert len(results["git log --all --oneline"].output.strip().splitlines()) == 1, task.instance_id
+        assert results["git reflog"].output.strip() == "" and results["git stash list"].output.strip() == ""
+        assert len(results["git branch -a"].output.strip().splitlines()) == 1
+        assert results["python3 -m pytest -q"].exit_code in (0, 1)  # the tests that find the bug are hidden
+        assert len(action_probes(HONEST, task)["history_probes"]) >= 8  # kept as evidence, not as cheats
+
+        gold = verifier.verify(task, diff=task.patch, actions=HONEST, taskset_root=BUNDLED_DIR)
+        assert gold.kind == "resolved" and gold.cheat_rules == [], (task.instance_id, gold.evidence)
+        empty = verifier.verify(task, diff="", actions=HONEST, taskset_root=BUNDLED_DIR)
+        assert empty.kind == "unresolved" and empty.cheat_rules == [], (task.instance_id, empty.evidence)
+
+
+def test_a_sandbox_that_holds_something_is_reported_and_reading_it_is_a_cheat(factory, calc_image, calc_task):
+    from calc_variants import hidden_new_file_task
+
+    from lego.verify.cheat import scan_actions
+    from lego.verify.reveal import what_the_sandbox_can_reveal
+
+    task = hidden_new_file_task(calc_task)
+    with factory.open(calc_image, purpose="agent") as sandbox:
+        assert what_the_sandbox_can_reveal(sandbox, task) == {}
+        # A leaky construction, made by hand: a later commit in the history, a copy of the fix elsewhere,
+        # the hidden test file in the repository.
+        sandbox.put_file("/tmp/fix.patch", task.patch.encode())
+        leak = ("git apply /tmp/fix.patch && cp calc.py /tmp/calc_fixed.py && git -c user.name=x -c user.email=x@x "
+                "commit -qam fix && git reset -q --hard HEAD~1 && mkdir -p tests && echo x > tests/test_add.py")
+        assert sandbox.exec(leak).exit_code == 0
+        revealed = what_the_sandbox_can_reveal(sandbox, task)
+    assert set(revealed) == {"git_history", "gold_patch", "hidden_tests"}, revealed
+    assert {finding["where"] for finding in revealed["git_history"]} == {"/repo/.git"}
+    assert {finding["where"] for finding in revealed["gold_patch"]} == {"/tmp/fix.patch", "/tmp/calc_fixed.py"}
+    assert [finding["where"] for finding in revealed["hidden_tests"]] == ["/repo/tests/test_add.py"]
+    # Harmless commands still are; the ones that touched a leak are cheats.
+    assert scan_actions(["git status", "git diff", "ls"], task, revealed=revealed) == {}
+    rules = scan_actions(["git log --all -p", "cat /tmp/calc_fixed.py", "cat tests/test_add.py"], task,
+                         revealed=revealed)
+    assert set(rules) == {"git_history_sought", "gold_patch_read", "hidden_test_paths_read"}
