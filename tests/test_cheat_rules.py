@@ -30,11 +30,12 @@ def test_a_new_test_of_the_agents_own_is_dropped_but_not_a_cheat():
     assert screening.rules == {} and [part.path for part in screening.dropped] == ["tests/test_double.py"]
 
 
-def test_shadowing_the_standard_library_or_the_runner_is_flagged():
+def test_a_file_named_like_the_standard_library_or_the_runner_is_kept_without_a_rule():
+    # Names decide nothing: the grading runner resolves these modules apart from the repository, so such a file
+    # cannot shadow them (tests/test_redteam_grading.py runs the attack), and a repository may well have one.
     for path in ("json.py", "argparse/__init__.py", "pluggy.py", "_pytest/__init__.py", "x.pth"):
         screening = screen_diff(new_file_patch(path, "X = 1\n"), TASK)
-        assert "grading_tampered" in screening.rules, path
-        assert screening.kept == []
+        assert screening.rules == {} and [part.path for part in screening.kept] == [path], path
 
 
 def test_deleting_a_test_file_is_an_edit_not_an_escape():
@@ -43,9 +44,8 @@ def test_deleting_a_test_file_is_an_edit_not_an_escape():
     assert screen_diff(deletion, TASK).rules.keys() == {"test_files_edited"}
 
 
-def test_source_reaching_into_pytest_is_flagged_but_kept():
-    patch = new_file_patch("plugin_ish.py", "from _pytest import reports\n")
-    screening = screen_diff(patch, TASK)
-    assert "grading_tampered" in screening.rules and [part.path for part in screening.kept] == ["plugin_ish.py"]
-    # pytest's own source (a task on pytest's repository) may of course mention _pytest.
-    assert screen_diff(new_file_patch("src/_pytest/reports.py", "import _pytest\n"), TASK).rules == {}
+def test_source_mentioning_pytest_is_judged_by_what_it_does_not_by_its_text():
+    # What code does to the runner is seen while it runs (lego/verify/runner/); its spelling proves nothing.
+    for path, text in (("plugin_ish.py", "from _pytest import reports\n"), ("src/_pytest/reports.py", "import _pytest\n")):
+        screening = screen_diff(new_file_patch(path, text), TASK)
+        assert screening.rules == {} and [part.path for part in screening.kept] == [path]

@@ -54,7 +54,7 @@ class KillWhileTestsRun(threading.Thread):
                 if container.name in self.killed:
                     continue
                 try:
-                    if any("pytest" in " ".join(process) for process in container.top()["Processes"]):
+                    if any("lego_grade" in " ".join(process) for process in container.top()["Processes"]):
                         container.kill()
                         self.killed.append(container.name)
                 except (APIError, NotFound):
@@ -134,7 +134,7 @@ def test_oom_is_infra_and_a_self_inflicted_kill_is_not(docker_engine, base_image
     outcome = verifier.verify(memory_hog_task(calc_task, megabytes=400), diff=GOLD_PATCH)
     assert outcome.kind == "infra_error" and outcome.attempts == 2, outcome.evidence
     assert outcome.evidence["check"] == "oom_killed" and outcome.exit_code == 137
-    assert "LEGO_OOM_KILLS=1" in outcome.test_log
+    assert "OOM kills: 1" in outcome.evidence["error"]
     # Exit 137 without the kernel's OOM killer (the code under test SIGKILLs itself) is the patch's doing.
     suicide = (
         "diff --git a/killer.py b/killer.py\nnew file mode 100644\n--- /dev/null\n+++ b/killer.py\n"

@@ -75,7 +75,7 @@ def test_mini_swe_agent_solves_a_task(lego_config, work_dir, docker_engine, base
     assert trajectory.metadata["actions"] == [gold_command(task), "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
 
 
-def test_digging_in_git_history_is_flagged(lego_config, work_dir, docker_engine, base_image, scorer):
+def test_looking_at_git_history_is_not_a_cheat(lego_config, work_dir, docker_engine, base_image, scorer):
     from lego.verify.grader import Verifier
 
     task, _ = bundled_task()
@@ -87,7 +87,8 @@ def test_digging_in_git_history_is_flagged(lego_config, work_dir, docker_engine,
     assert trajectory.metadata["actions"][0] == "git log --all --oneline | head -5"
     outcome = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify).verify(
         task, trajectory, taskset_root=root)
-    assert "git_history_sought" in outcome.cheat_rules, outcome
+    # The sandbox's history is the base commit alone: the look reveals nothing, so the fix is graded as a fix.
+    assert outcome.kind.value == "resolved" and outcome.cheat_rules == [], outcome
 
 
 def test_claude_code_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):

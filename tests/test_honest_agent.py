@@ -33,20 +33,38 @@ HONEST = [
 ]
 
 
+def honest_run(task, image, factory, verifier, taskset_root) -> dict:
+    """One task: what its fresh agent sandbox reveals, the honest commands' results, and both gradings."""
+    from lego.verify.reveal import what_the_sandbox_can_reveal
+
+    with factory.open(image, task.environment.workdir, purpose="agent") as sandbox:
+        revealed = what_the_sandbox_can_reveal(sandbox, task)
+        results = {command: sandbox.exec(command) for command in HONEST}
+    return {"revealed": revealed, "results": results,
+            "gold": verifier.verify(task, diff=task.patch, actions=HONEST, taskset_root=taskset_root),
+            "empty": verifier.verify(task, diff="", actions=HONEST, taskset_root=taskset_root)}
+
+
 def test_every_bundled_task_an_honest_agent_reads_everything_and_is_graded_on_its_patch(
         docker_engine, base_image, factory, verifier):
+    from concurrent.futures import ThreadPoolExecutor
+
     from lego.sandbox.task_image import ensure_task_image
     from lego.tasksets.load import BUNDLED_DIR, load_tasks
     from lego.verify.cheat import action_probes
-    from lego.verify.reveal import what_the_sandbox_can_reveal
 
     tasks = load_tasks("bundled", "all", strict=True).tasks
     assert len(tasks) >= 8
+    images = {task.instance_id: ensure_task_image(docker_engine.client, task, base_image, BUNDLED_DIR)
+              for task in tasks}  # one at a time: tasks sharing an image would race to build it
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = dict(zip((task.instance_id for task in tasks), pool.map(
+            lambda task: honest_run(task, images[task.instance_id], factory, verifier, BUNDLED_DIR), tasks),
+            strict=True))
     for task in tasks:
-        image = ensure_task_image(docker_engine.client, task, base_image, BUNDLED_DIR)
-        with factory.open(image, task.environment.workdir, purpose="agent") as sandbox:
-            assert what_the_sandbox_can_reveal(sandbox, task) == {}, task.instance_id
-            results = dict(zip(HONEST, (sandbox.exec(command) for command in HONEST), strict=True))
+        run = runs[task.instance_id]
+        assert run["revealed"] == {}, (task.instance_id, run["revealed"])
+        results = run["results"]
         assert all(result.exit_code == 0 for command, result in results.items() if "pytest" not in command), \
             {command: result.output[-300:] for command, result in results.items() if result.exit_code}
         # What an honest look at the history finds: one commit on one branch, no reflog, no stash.
@@ -55,10 +73,8 @@ def test_every_bundled_task_an_honest_agent_reads_everything_and_is_graded_on_it
         assert len(results["git branch -a"].output.strip().splitlines()) == 1
         assert results["python3 -m pytest -q"].exit_code in (0, 1)  # the tests that find the bug are hidden
         assert len(action_probes(HONEST, task)["history_probes"]) >= 8  # kept as evidence, not as cheats
-
-        gold = verifier.verify(task, diff=task.patch, actions=HONEST, taskset_root=BUNDLED_DIR)
+        gold, empty = run["gold"], run["empty"]
         assert gold.kind == "resolved" and gold.cheat_rules == [], (task.instance_id, gold.evidence)
-        empty = verifier.verify(task, diff="", actions=HONEST, taskset_root=BUNDLED_DIR)
         assert empty.kind == "unresolved" and empty.cheat_rules == [], (task.instance_id, empty.evidence)
 
 

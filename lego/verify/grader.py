@@ -49,7 +49,9 @@ PYTEST_PREFIXES = ("python3 -m pytest", "python -m pytest", "pytest")
 RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
                       5: "no tests collected"}
 # Failures of a graded run that the patch can cause: a healthy control run without the patch blames the patch.
-PATCH_ATTRIBUTABLE = {"verifier_timeout", "oom_killed", "runner_crashed", "runner_killed", "container_died"}
+# A dead container is not among them: the test processes run as a uid that cannot signal the container's keeper,
+# so a container that dies is infra (retried).
+PATCH_ATTRIBUTABLE = {"verifier_timeout", "oom_killed", "runner_crash", "runner_killed"}
 # How a rollout that ended this way is graded without running tests (the evidence check is
 # `termination:<reason>`; the rollout's own attribution is in trajectory.metadata["failure_attribution"]).
 TERMINATION_OUTCOME = {
@@ -164,7 +166,7 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
                          != graded.get(key, graded.get("ini", {}).get(key)))
         fire("pytest_config_added", f"the patch changes what pytest's configuration does: {', '.join(changed)}")
     if not runs:
-        return False, rules, evidence, InfraFailure("runner_crashed", "the grading runner reported no run")
+        return False, rules, evidence, InfraFailure("runner_killed", "the grading runner reported no run")
     failure = _run_failure(full, "the test run")
     if failure is not None:
         return False, rules, evidence, failure
@@ -174,13 +176,13 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
             fire("grading_tampered", "the test process exited 0 before pytest finished")
         else:
             return False, rules, evidence, InfraFailure(
-                "runner_crashed", f"the test process ended (exit {exit_code}) before pytest finished",
+                "runner_killed", f"the test process ended (exit {exit_code}) before pytest finished",
                 full.get("log_tail", ""), exit_code)
     elif exit_code != end_rc:
         fire("grading_tampered", f"the test process exited {exit_code} but pytest returned {end_rc}")
     elif end_rc in RUNNER_CRASH_CODES:
         return False, rules, evidence, InfraFailure(
-            "runner_crashed", f"pytest exited {end_rc} ({RUNNER_CRASH_CODES[end_rc]}): "
+            "runner_crash", f"pytest exited {end_rc} ({RUNNER_CRASH_CODES[end_rc]}): "
             f"{'; '.join(full.get('collect_errors', []))[:1000]}", full.get("log_tail", ""), end_rc)
     tests = full.get("tests", {})
     statuses = {test: test_status(tests.get(test)) for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]}
@@ -210,7 +212,7 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
     resolved = all_passed and not disagree and len(alone) == len(task.FAIL_TO_PASS)
     f2p_passed = len(report_view["FAIL_TO_PASS"]["success"])
     evidence.update(report=report_view, statuses=statuses, alone=alone, tests_seen=len(tests),
-                    resolution="FULL" if resolved else ("PARTIAL" if f2p_passed else "NO"))
+                    resolution="RESOLVED_FULL" if resolved else ("RESOLVED_PARTIAL" if f2p_passed else "RESOLVED_NO"))
     if disagree:
         evidence["fail_to_pass_alone_disagrees"] = disagree
     return resolved, rules, evidence, None
@@ -221,7 +223,8 @@ def _run_failure(run: dict, label: str) -> InfraFailure | None:
         return InfraFailure("verifier_timeout", f"{label} ran past its time limit", run.get("log_tail", ""),
                             run.get("exit_code"))
     if run.get("oom_kills", 0) > 0:
-        return InfraFailure("oom_killed", f"{label} was killed by the kernel's OOM killer", run.get("log_tail", ""),
+        return InfraFailure("oom_killed", f"{label} was killed by the kernel's OOM killer "
+                            f"(OOM kills: {run['oom_kills']})", run.get("log_tail", ""),
                             run.get("exit_code"))
     return None
 
@@ -302,26 +305,26 @@ class Verifier:
         }
         started = time.monotonic()
         rules = dict(screening.rules)
-        try:
-            with self.factory.open(image, task.environment.workdir, purpose="verify",
-                                   mounts={str(RUNNER_DIR): RUNNER_MOUNT},
-                                   labels={"lego.task": task.instance_id}) as sandbox:
-                base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
-                for rule, items in scan_actions(actions, task, base_files).items():
-                    rules.setdefault(rule, []).extend(items)
-                if screening.kept:
-                    applied = self._apply(sandbox, screening.patch, "/tmp/lego-agent.patch")
-                    if applied.exit_code != 0:
-                        evidence.update(check="agent_patch_does_not_apply", apply_output=applied.output[-2000:])
-                        return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
+        report, blamed = None, None
+        with self.factory.open(image, task.environment.workdir, purpose="verify",
+                               mounts={str(RUNNER_DIR): RUNNER_MOUNT},
+                               labels={"lego.task": task.instance_id}) as sandbox:
+            base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
+            for rule, items in scan_actions(actions, task, base_files).items():
+                rules.setdefault(rule, []).extend(items)
+            if screening.kept:
+                applied = self._apply(sandbox, screening.patch, "/tmp/lego-agent.patch")
+                if applied.exit_code != 0:
+                    evidence.update(check="agent_patch_does_not_apply", apply_output=applied.output[-2000:])
+                    return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
+            try:
                 report = self._run_runner(sandbox, task, [part.path for part in screening.kept],
                                           "with the agent's patch")
-        except ContainerDied as exc:
-            if not (screening.kept and last_attempt):
-                raise InfraFailure("container_died", f"the grading sandbox died: {exc}") from exc
-            report = None
-            blamed = InfraFailure("container_died", f"the grading sandbox died on every attempt: {exc}")
-        else:
+            except InfraFailure as failure:
+                if failure.check == "test_patch_does_not_apply":
+                    raise
+                report, blamed = None, failure
+        if report is not None:
             resolved, fired, grading, blamed = judge_report(report, task)
             for rule, items in fired.items():
                 rules.setdefault(rule, []).extend(items)

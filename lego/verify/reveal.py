@@ -99,6 +99,7 @@ def _crc(line: str) -> int:
 # hold every line of some hunk (by CRC-32). Reads what the agent could read, writes nothing.
 PROBE = r'''
 import json, os, subprocess, sys, zlib, base64
+from itertools import repeat
 spec = json.loads(base64.b64decode(sys.argv[1]))
 workdir, snapshot, max_file = spec["workdir"].rstrip("/") or "/", spec["snapshot"], spec["max_file"]
 blocks = {kind: [set(block) for block in value] for kind, value in spec["blocks"].items()}
@@ -168,20 +169,17 @@ for root, dirs, files in os.walk("/"):
             if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) > max_file:
                 continue
             with open(path, "rb") as handle:
-                data = handle.read()
+                data = handle.read(8192)
+                if b"\0" in data:
+                    continue  # binary
+                data += handle.read()
         except OSError:
             continue
-        if b"\0" in data[:8192]:
-            continue
-        seen = set()
-        for line in data.split(b"\n"):
-            crc = zlib.crc32(line.strip())
-            if crc in wanted:
-                seen.add(crc)
-            if line[:1] in (b"+", b" "):  # a copy of the patch itself
-                crc = zlib.crc32(line[1:].strip())
-                if crc in wanted:
-                    seen.add(crc)
+        # C-level maps only (this reads every text file): stripped lines, and the same with a leading "+"
+        # dropped, for a copy of the patch itself.
+        lines = set(map(bytes.strip, data.split(b"\n")))
+        lines |= set(map(bytes.lstrip, lines, repeat(b"+ ")))
+        seen = wanted.intersection(map(zlib.crc32, lines))
         if not seen:
             continue
         for kind, value in blocks.items():

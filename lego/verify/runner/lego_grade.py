@@ -171,7 +171,8 @@ def run_child(name: str, args: list[str], timeout: float, spec: dict, ctx: dict)
     result.update(name=name, seconds=round(time.monotonic() - started, 3), timed_out=timed_out,
                   oom_kills=oom_kills() - before, log_tail=tail(log_path))
     if status is not None:
-        result["exit_code"] = os.waitstatus_to_exitcode(status)
+        code = os.waitstatus_to_exitcode(status)
+        result["exit_code"] = 128 - code if code < 0 else code  # killed by signal N: 128+N, as a shell says
     return result
 
 

@@ -151,7 +151,7 @@ class Tamper:
         if event == "compile":
             # Code the patch's own code compiles (exec of a string, timeit, ...) counts as the patch's code;
             # what the import system compiles while the patch imports something does not.
-            caller = self.getframe(3)
+            caller = self.getframe(2)  # _judge, hook, then the Python frame whose call raised the event
             filename = args[1] if len(args) > 1 else None
             if caller is not None and caller.f_code.co_filename in self.patched and isinstance(filename, str | bytes):
                 self.patched.add(os.fsdecode(filename))
@@ -160,7 +160,7 @@ class Tamper:
             # Frames reach the runner's locals (its channel, its exit): the patch's own code may not take one.
             if event == "object.__getattr__" and (len(args) < 2 or args[1] not in FRAME_ATTRIBUTES):
                 return
-            caller = self.getframe(3)
+            caller = self.getframe(2)
             if caller is not None and caller.f_code.co_filename.endswith(FRAME_HELPERS):
                 caller = caller.f_back
             if caller is not None and caller.f_code.co_filename in self.patched:
