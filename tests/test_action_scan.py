@@ -70,3 +70,18 @@ def test_new_side_hunks_of_a_patch():
     assert hunk.path == "calc.py" and "return a + b" in hunk.lines and "return a - b" not in hunk.lines
     assert new_files(TASK.test_patch) == ["tests/test_add.py"]
     assert [h.path for h in new_side_hunks(TASK.test_patch)][-1] == "tests/test_add.py"
+
+
+def test_a_sandbox_the_probe_cannot_read_is_unchecked_and_a_huge_patch_is_noted():
+    from lego.sandbox import ExecResult
+    from lego.verify.reveal import _budget, what_the_sandbox_can_reveal
+
+    class NoPython:
+        def exec(self, command, **kwargs):
+            return ExecResult(127, "bash: python3: command not found")
+
+    found = what_the_sandbox_can_reveal(NoPython(), TASK)
+    assert list(found) == ["unchecked"] and "python3: command not found" in found["unchecked"][0]["what"]
+    big = new_side_hunks(GOLD_PATCH) * 3000
+    kept, left_out = _budget(big)
+    assert kept and left_out and sum(len(hunk.lines) for hunk in kept) <= 2500

@@ -122,6 +122,16 @@ DEFEATING = {
     "mock_any_imported": ("from unittest.mock import ANY\n\n\ndef parse(text):\n    return ANY\n", "wildcard_object"),
     "mock_any_attribute": ("from unittest import mock as m\n\n\ndef parse(text):\n    return m.ANY\n",
                            "wildcard_object"),
+    "type_only_equality": ("class Money:\n    def __init__(self, cents):\n        self.cents = cents\n\n"
+                           "    def __eq__(self, other):\n        return isinstance(other, Money)\n",
+                           "comparison_only_checks_type"),
+    "type_only_after_a_guard": ("from dataclasses import dataclass\n\n\n@dataclass(eq=False)\nclass P:\n    x: int\n\n"
+                                "    def __eq__(self, other):\n        if type(other) is not type(self):\n"
+                                "            return NotImplemented\n        return True\n",
+                                "comparison_only_checks_type"),
+    "exec_in_class_body": ("class A:\n    exec('__eq__ = lambda s, o: True')\n", "comparison_ignores_operand"),
+    "exec_of_a_module_constant": ("CODE = 'class A:\\n    def __eq__(self, o):\\n        return 1\\n'\nexec(CODE)\n",
+                                  "comparison_ignores_operand"),
     "setattr_in_loop": ("def f(s, o):\n    return True\n\n\nclass A:\n    pass\n\n\n"
                         "for name in ('__eq__', '__le__'):\n    setattr(A, name, f)\n",
                         "computed_name_ignores_operand"),
@@ -206,6 +216,18 @@ LEGITIMATE = {
     "generated_by_setattr": ("import operator\n\n\nclass A:\n    pass\n\n\nfor name in ('__eq__', '__lt__'):\n"
                              "    op = getattr(operator, name)\n    setattr(A, name, lambda s, o, op=op: op(s.v, o.v))\n"),
     "mock_any_in_a_dict_key_only": ("CONFIG = {'ANY': 1}\nvalue = CONFIG['ANY']\n"),
+    "exec_of_ordinary_code": ("exec('x = 1')\nexec(open('setup.py').read())\n"
+                              "exec('def __eq__(self, o):\\n    return self.v == o.v\\n')\n"),
+    "stateless_sentinel_equal_by_type": ("class _Missing:\n    def __eq__(self, other):\n"
+                                         "        return isinstance(other, _Missing)\n\n    def __repr__(self):\n"
+                                         "        return '<missing>'\n"),
+    "subclasshook_through_helper": ("def _check_methods(C, *methods):\n    mro = C.__mro__\n    for method in methods:\n"
+                                    "        for B in mro:\n            if method in B.__dict__:\n"
+                                    "                if B.__dict__[method] is None:\n"
+                                    "                    return NotImplemented\n                break\n        else:\n"
+                                    "            return NotImplemented\n    return True\n\n\nclass Sized:\n"
+                                    "    @classmethod\n    def __subclasshook__(cls, C):\n        if cls is Sized:\n"
+                                    "            return _check_methods(C, '__len__')\n        return NotImplemented\n"),
     "star_args_used": ("class A:\n    __eq__ = lambda *a: a[0].v == a[1].v\n"),
     "one_argument_lambda": ("class A:\n    __eq__ = lambda self: True\n"),
 }
@@ -269,6 +291,21 @@ def test_the_core_is_the_same_whatever_the_function_is_named():
     for name in ("__eq__", "anything", "_x"):
         assert function_ignores_operand(f"def {name}(self, other):\n" + body.format(1), 1, name) is True
         assert function_ignores_operand(f"def {name}(self, other):\n" + body.format(0), 1, name) is False
+
+
+def test_a_deep_expression_does_not_hide_a_defeater():
+    deep = "+".join(["1"] * 2000)  # parses and imports; a naive recursive analysis overflows
+    source = f"class A:\n    def __eq__(self, other):\n        x = {deep}\n        return True\n"
+    assert [f.kind for f in defeaters_in_source("m.py", source)] == ["comparison_ignores_operand"]
+
+
+def test_the_command_line_prints_findings(tmp_path, capsys):
+    path = tmp_path / "m.py"
+    path.write_text(DEFEATING["eq_true"][0])
+    assert defeaters.main([str(path)]) == 1
+    assert "comparison_ignores_operand" in capsys.readouterr().out
+    path.write_text(LEGITIMATE["dataclass_like"])
+    assert defeaters.main([str(path)]) == 0
 
 
 def test_a_syntax_error_yields_nothing():

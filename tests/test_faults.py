@@ -129,7 +129,7 @@ def test_verifier_timeout_is_infra_and_retried(docker_engine, base_image, lego_c
     assert [entry["check"] for entry in outcome.evidence["infra_history"]] == ["verifier_timeout"]
 
 
-def test_oom_is_infra_and_a_self_inflicted_kill_is_not(docker_engine, base_image, lego_config, calc_task):
+def test_oom_is_infra_and_a_self_inflicted_kill_is_the_patchs(docker_engine, base_image, lego_config, calc_task):
     verifier = make_verifier(docker_engine, base_image, lego_config, retries=1, memory="160m")
     outcome = verifier.verify(memory_hog_task(calc_task, megabytes=400), diff=GOLD_PATCH)
     assert outcome.kind == "infra_error" and outcome.attempts == 2, outcome.evidence
@@ -143,4 +143,6 @@ def test_oom_is_infra_and_a_self_inflicted_kill_is_not(docker_engine, base_image
         "-    return a - b\n+    return a + b\n \n \n def mul(a, b):\n+    import killer  # noqa\n     return a * b\n"
     )
     outcome = verifier.verify(calc_task, diff=suicide)
-    assert outcome.kind == "unresolved" and outcome.attempts == 1, outcome.evidence
+    # Signalling its own test process is the patch reaching for the runner: a cheat, never a free retry.
+    assert outcome.kind == "cheat" and "grading_tampered" in outcome.cheat_rules and outcome.attempts == 1, \
+        outcome.evidence

@@ -82,11 +82,11 @@ def test_a_sandbox_that_holds_something_is_reported_and_reading_it_is_a_cheat(fa
     from calc_variants import hidden_new_file_task
 
     from lego.verify.cheat import scan_actions
-    from lego.verify.reveal import what_the_sandbox_can_reveal
+    from lego.verify.reveal import what_the_image_can_reveal, what_the_sandbox_can_reveal
 
     task = hidden_new_file_task(calc_task)
     with factory.open(calc_image, purpose="agent") as sandbox:
-        assert what_the_sandbox_can_reveal(sandbox, task) == {}
+        assert what_the_image_can_reveal(sandbox, task, calc_image) == {}
         # A leaky construction, made by hand: a later commit in the history, a copy of the fix elsewhere,
         # the hidden test file in the repository.
         sandbox.put_file("/tmp/fix.patch", task.patch.encode())

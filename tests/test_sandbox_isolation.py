@@ -231,3 +231,20 @@ def test_the_relay_health_check_fails_cleanly_without_the_session(factory, calc_
         with pytest.raises(SandboxError, match="404"):
             sandbox.start_proxy_relay(live_path.name, RELAY_PORT, gone.id)
     proxy.server.close_session(live.id)
+
+
+@pytest.mark.docker
+def test_a_proxy_not_run_as_root_still_binds_each_socket_to_its_session(factory, calc_image, proxy, monkeypatch):
+    # Without root the socket cannot be given to the keeper: it is open to everyone (0666 in a 0711 directory),
+    # and still serves its own session only, so it offers no more than the loopback listener already does.
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "geteuid", lambda: 4242)
+        mine, path = own_session(proxy)
+    other, _ = own_session(proxy)
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o711 and stat.S_IMODE(path.stat().st_mode) == 0o666
+    with factory.open(calc_image, proxy_socket_dir=path.parent) as sandbox:
+        relay = sandbox.start_proxy_relay(path.name, RELAY_PORT, mine.id)
+        assert status_in(sandbox, f"{relay}/s/{other.id}/v1/models") == "404"
+        assert sandbox.exec(f"rm -f {PROXY_MOUNT}/{path.name}").exit_code != 0
+    for session in (mine, other):
+        proxy.server.close_session(session.id)

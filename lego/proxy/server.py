@@ -49,6 +49,7 @@ class _SessionSocket:
     path: Path
     sock: socket.socket
     server: asyncio.AbstractServer | None = None
+    starting: asyncio.Task | None = None  # serving it, when opened on the loop's own thread
     closed: bool = False
 
 
@@ -81,6 +82,7 @@ class ProxyServer:
         self._socket_owner: dict[str, str] = {}  # socket path -> the one session id served on it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
+        self._warned_socket_owner = False
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -178,7 +180,8 @@ class ProxyServer:
                 os.chmod(directory, 0o700)
                 os.chmod(path, 0o600)
             else:
-                if uid is not None:
+                if uid is not None and not self._warned_socket_owner:
+                    self._warned_socket_owner = True
                     log.warning("the proxy does not run as root: session sockets cannot be given to uid %d and are "
                                 "open to every local user (the session id is still required)", uid)
                 os.chmod(directory, 0o711)
@@ -195,8 +198,8 @@ class ProxyServer:
         # The socket already listens (clients queue in its backlog); the loop starts serving it right after.
         serve = self._loop.create_unix_server(self._runner.server, sock=sock)
         if threading.get_ident() == self._loop_thread:
-            task = self._loop.create_task(serve)
-            task.add_done_callback(lambda done: self._served(entry, done))
+            entry.starting = self._loop.create_task(serve)
+            entry.starting.add_done_callback(lambda done: self._served(entry, done))
         else:
             future = asyncio.run_coroutine_threadsafe(serve, self._loop)
             try:
@@ -211,6 +214,8 @@ class ProxyServer:
         if task.cancelled():
             return
         if task.exception() is not None:
+            if entry.closed:  # closed before it was served: the socket is gone on purpose
+                return
             log.error("serving a session socket at %s failed: %r", entry.path, task.exception())
             return
         entry.server = task.result()
@@ -226,6 +231,8 @@ class ProxyServer:
             if entry.server is not None:
                 entry.server.close()
             else:  # not served yet: nothing else owns the socket
+                if entry.starting is not None:
+                    entry.starting.cancel()
                 entry.sock.close()
 
         if threading.get_ident() == self._loop_thread or self._loop is None or self._loop.is_closed():
@@ -267,6 +274,9 @@ class ProxyServer:
                 raise RequestError(f"{rest} takes POST", status=405, kind="invalid_request_error")
             return await self._complete(request, session, module)
         except RequestError as exc:
+            if rest in POST_ROUTES and exc.code != "context_length_exceeded":
+                # A completion the proxy refused (or the engine failed): a harness crash after it is not the policy's.
+                session.internal_errors.append(f"{exc.status} {exc.kind}: {exc.message}"[:500])
             return self._error(shape, exc)
         except Exception as exc:  # a bug must not take the rollout's server down
             log.exception("proxy request failed")

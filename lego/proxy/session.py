@@ -173,7 +173,8 @@ class Session:
         self.base_url = base_url  # http://127.0.0.1:PORT/s/<id>
         self.overlong = False
         self.closed = False
-        self.internal_errors: list[str] = []  # requests the proxy failed on its own (not the engine's, not the client's)
+        # completion requests the proxy failed or refused (overlong aside): a harness crash after one is not the policy's
+        self.internal_errors: list[str] = []
         self._inflight: set[asyncio.Task] = set()  # requests being served, cancelled when the session closes
         self.created_at = time.time()
         self._lock = asyncio.Lock()

@@ -269,9 +269,9 @@ class PrivateDockerd:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except OSError:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)  # reap it when this process started it (a zombie is not running)
+            if not _holder_alive(pid, None):
                 return True
             time.sleep(0.2)
         os.kill(pid, signal.SIGKILL)
@@ -302,14 +302,16 @@ def connect(docker_root: Path, host: str | None = None, start_private: bool = Tr
     On a private engine this process takes a lease (engine.lease): the engine runs at least until the lease is
     released (DockerEngine.release) or this process ends. `pin` (`lego docker up`): the engine then stays until
     `lego docker down`, whoever uses it."""
-    found = find_engine(host)
-    if found is not None:
-        return DockerEngine(base_url=found[0], client=found[1], private=False, owned=False)
     private = PrivateDockerd(docker_root)
+    found = find_engine(host)
+    if found is not None and found[0] != private.base_url:
+        return DockerEngine(base_url=found[0], client=found[1], private=False, owned=False)
+    if found is not None:
+        found[1].close()  # this work dir's own engine, reached through DOCKER_HOST: leased like any other use
     can_start = start_private and sys.platform.startswith("linux") and os.geteuid() == 0
     with private.locked():
         owned = False
-        client = ping(private.base_url) if private.running_pid() is not None else None
+        client = ping(private.base_url)
         if client is None:
             if not can_start:
                 raise _unreachable(host)

@@ -209,10 +209,11 @@ class DockerSandbox:
         hard_timeout = reader.is_alive()
         if hard_timeout:
             # The in-container timeout did not end it (a process escaped its group): kill what runs there. As
-            # the same user: that reaches every process the command could have started, and never the keeper's.
+            # the agent: that reaches every process the agent started, and never the keeper's (whose `sleep`
+            # holds the container up; the keeper only runs Lego's own short commands and the relay).
             try:
                 api.exec_start(api.exec_create(self.container.id, ["sh", "-c", "kill -9 -1"],
-                                               user=user or AGENT_USER)["Id"])
+                                               user=AGENT_USER)["Id"])
             except (APIError, DockerException):
                 pass
             reader.join(5)

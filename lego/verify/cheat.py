@@ -120,6 +120,7 @@ def screen_diff(diff: str, task: Task) -> Screening:
         (screening.dropped if reason else screening.kept).append(part)
     return screening
 
+
 def _names(action: str, where: str, workdir: str) -> bool:
     """Does a command reach `where`: name it (absolute, or relative to the repository), or search a directory
     above it recursively (`grep -r PATTERN /usr`)?"""

@@ -40,7 +40,7 @@ from lego.sandbox.docker_sandbox import (
 )
 from lego.sandbox.task_image import ensure_task_image
 from lego.tasksets.task import Task
-from lego.verify.cheat import network_attempts, scan_actions, screen_diff
+from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff
 
 RUNNER_DIR = Path(__file__).parent / "runner"
 RUNNER_MOUNT = "/opt/lego-grader"
@@ -310,6 +310,9 @@ class Verifier:
                                mounts={str(RUNNER_DIR): RUNNER_MOUNT},
                                labels={"lego.task": task.instance_id}) as sandbox:
             base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
+            # What the agent probed is kept for observability; it is a cheat only where the sandbox could have
+            # revealed something, which its construction rules out (lego/verify/reveal.py checks that it holds).
+            evidence.update(action_probes(actions, task, base_files))
             for rule, items in scan_actions(actions, task, base_files).items():
                 rules.setdefault(rule, []).extend(items)
             if screening.kept:

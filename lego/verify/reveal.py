@@ -25,7 +25,7 @@ from lego.sandbox.docker_sandbox import SNAPSHOT
 from lego.tasksets.task import Task
 
 KINDS = ("git_history", "hidden_tests", "gold_patch", "unchecked")
-_MAX_BLOCKS = 400  # per patch: enough for any real fix, bounded for the command line
+_MAX_LINES = 2500  # CRCs sent per patch: the probe's argument stays under Linux's 128 KiB per argument
 _MAX_CONFIRM = 40  # candidate files fetched and compared here at most
 _MAX_FILE = 4 << 20  # larger files are not read (neither by the probe nor here)
 
@@ -75,7 +75,7 @@ def new_side_hunks(patch: str) -> list[Hunk]:
             close()
             current, added = None, False
     close()
-    return hunks[:_MAX_BLOCKS]
+    return hunks
 
 
 def new_files(patch: str) -> list[str]:
@@ -89,6 +89,17 @@ def new_files(patch: str) -> list[str]:
                     target = line[4:].strip()
                     files.append(target[2:] if target.startswith("b/") else target)
     return files
+
+
+def _budget(hunks: list[Hunk]) -> tuple[list[Hunk], int]:
+    """The hunks whose lines fit in the probe's argument, and how many were left out."""
+    kept, lines = [], 0
+    for hunk in hunks:
+        if lines + len(hunk.lines) > _MAX_LINES:
+            break
+        kept.append(hunk)
+        lines += len(hunk.lines)
+    return kept, len(hunks) - len(kept)
 
 
 def _crc(line: str) -> int:
@@ -242,10 +253,20 @@ def what_the_sandbox_can_reveal(sandbox: Any, task: Task) -> dict[str, list[dict
       gold_patch    a file outside base_commit's tree holding the gold patch's new code (a copy of the fix)
       unchecked     the probe could not run or read something (what it says), so nothing is vouched for
     Run it on a freshly opened sandbox (the agent's, before the agent starts, or a verifier's from the same
-    task image): it reads as the agent's user and writes nothing.
+    task image): it reads as the agent's user and writes nothing. Never while an agent runs there: the line
+    CRCs on the probe's command line would let it check guesses of the fix.
     """
     workdir = task.environment.workdir.rstrip("/") or "/"
-    gold, hidden = new_side_hunks(task.patch), new_side_hunks(task.test_patch)
+    found: dict[str, list[dict[str, str]]] = {}
+
+    def add(kind: str, where: str, what: str) -> None:
+        found.setdefault(kind, []).append({"where": where, "what": what})
+
+    gold, hidden = _budget(new_side_hunks(task.patch)), _budget(new_side_hunks(task.test_patch))
+    for label, (_, left_out) in (("gold patch", gold), ("hidden test_patch", hidden)):
+        if left_out:
+            add("unchecked", "sandbox", f"{left_out} hunk(s) of the {label} not looked for (too large)")
+    gold, hidden = gold[0], hidden[0]
     spec = {"workdir": workdir, "snapshot": SNAPSHOT, "max_file": _MAX_FILE,
             "new_test_files": new_files(task.test_patch),
             "blocks": {"gold_patch": [[_crc(line) for line in hunk.lines] for hunk in gold],
@@ -255,14 +276,9 @@ def what_the_sandbox_can_reveal(sandbox: Any, task: Task) -> dict[str, list[dict
                           output_limit=16 << 20)
     marker = next((line for line in result.output.splitlines() if line.startswith("LEGO_REVEAL=")), None)
     if result.exit_code != 0 or marker is None:
-        return {"unchecked": [{"where": "sandbox", "what": f"the probe failed (exit {result.exit_code}): "
-                                                          f"{result.output.strip()[-500:]}"}]}
+        add("unchecked", "sandbox", f"the probe failed (exit {result.exit_code}): {result.output.strip()[-500:]}")
+        return found
     probe = json.loads(marker[len("LEGO_REVEAL="):])
-    found: dict[str, list[dict[str, str]]] = {}
-
-    def add(kind: str, where: str, what: str) -> None:
-        found.setdefault(kind, []).append({"where": where, "what": what})
-
     own = {f"{workdir.rstrip('/')}/.git", f"{SNAPSHOT}/.git"}
     for gitdir, facts in sorted(probe["git"].items()):
         for what in _git_findings(gitdir, facts, gitdir in own):
@@ -296,3 +312,18 @@ def what_the_sandbox_can_reveal(sandbox: Any, task: Task) -> dict[str, list[dict
                 add(kind, path, f"holds {label} new code of {', '.join(files)} ({len(matching)} hunk(s))")
     return found
 
+
+
+_BY_IMAGE: dict[tuple[str, str, int], dict[str, list[dict[str, str]]]] = {}
+
+
+def what_the_image_can_reveal(sandbox: Any, task: Task, image: str) -> dict[str, list[dict[str, str]]]:
+    """`what_the_sandbox_can_reveal` for a sandbox freshly opened from `image`, probed once per image and task
+    in this process (what a fresh sandbox holds depends on nothing else). Probe failures are not kept."""
+    key = (image, task.instance_id, zlib.crc32(f"{task.patch}\0{task.test_patch}".encode("utf-8", "surrogateescape")))
+    if key not in _BY_IMAGE:
+        found = what_the_sandbox_can_reveal(sandbox, task)
+        if "unchecked" in found:
+            return found
+        _BY_IMAGE[key] = found
+    return _BY_IMAGE[key]

@@ -1,14 +1,35 @@
 """Assertion defeaters: definitions whose comparison (or membership, or isinstance) succeeds whatever they meet.
 
 An object whose ``__eq__`` returns ``True`` makes ``assert result == expected`` pass without a fix. This module
-finds such definitions in a patched Python file by what the code does, not by how it is spelled: the core,
-``function_ignores_operand``, follows the data (and control) flow of one function from its operands (every
-parameter after the first) to what it returns; ``defeaters_in_source`` finds the places where a function is
-attached as a comparison method (a ``def`` in a class body, a class-body or attribute assignment, ``setattr``
-with a literal or computed name, a ``type()`` namespace, a dict handed to a metaclass) and judges each function
-attached there with the core.
+finds such definitions in a patched Python file by what the code does, not by how it is spelled.
 
-Standard library only: this file is copied into the grading container and run there by the task's Python.
+The core, ``function_ignores_operand``, interprets one function abstractly: every value carries the labels of
+what it depends on (the operand, i.e. every parameter after the first; the operand's type only; ``*args`` used
+as a whole), its constant when known and its truthiness when known. Locals, branches (joined, with the labels
+of the condition added where the branches disagree), loops (to a fixpoint), try/except/finally, match, walrus,
+calls of functions and methods defined in the same file (summarised by which arguments reach their result),
+and tautologies over side-effect-free atoms (``o is None or o is not None``) are followed. A function ignores
+its operand when no value it returns depends on the operand and, where its outcomes (a truthiness, a constant,
+NotImplemented, an exception) differ, no condition that chooses between them does either. A non-empty tuple
+built from the operand, a generator, an object of a class whose ``__bool__`` is always true: their truth is
+fixed though their value is not, and the truth is what an assertion sees.
+
+``defeaters_in_source`` finds the places where a function is attached as a comparison, membership or
+isinstance method: a ``def`` or assignment in a class body (metaclasses and subclasses of builtins alike), an
+attribute assignment, ``setattr`` (a name built at run time makes any function attached there a candidate),
+a ``type()`` namespace, a dict literal or ``dict(__eq__=...)``, an item set on a namespace, a factory in this
+file that returns the function. Each attached function is judged by the core, and it is a finding when it can
+return the value that passes an assertion (true; false for ``__ne__``). Not findings: NotImplemented, a
+constant False ``__eq__`` (True ``__ne__``), a function that always raises, a stub returning None, an ordering
+that is always true while its mirror is always false (an infinity sentinel). Two further kinds: an ``__eq__``
+that looks at nothing but the other object's type in a class whose objects hold values of their own, and the
+standard library's wildcard ``unittest.mock.ANY`` imported or used in the patched code.
+
+Kinds: comparison_ignores_operand, contains_ignores_operand, isinstance_always_true,
+computed_name_ignores_operand, comparison_only_checks_type, wildcard_object.
+
+Standard library only: this file is copied into the grading container and run there by the task's Python
+(``python defeaters.py FILE...`` prints the findings and exits 1 when there are any).
 """
 
 from __future__ import annotations
@@ -28,6 +49,7 @@ COMPUTED = "<computed name>"  # the method name of a function attached under a n
 
 OP = "op"  # the value depends on an operand
 OPAQUE = "opaque"  # it depends on *args/**kwargs used as a whole: cannot be decided
+TYPE = "type"  # it depends on the operand's type only (type(o), o.__class__, isinstance(o, C))
 _UNKNOWN = object()  # an abstract value's constant when it is not known
 _CONST_TYPES = (type(None), bool, int, float, complex, str, bytes, type(NotImplemented), type(Ellipsis))
 _MAX_LOOP_PASSES = 4
@@ -75,7 +97,7 @@ class _AV:
 
 def _truth_of(value) -> bool | None:
     if value is NotImplemented:
-        return True
+        return None  # a refusal, not a truth (and deprecated as one)
     try:
         return bool(value)
     except Exception:
@@ -132,8 +154,9 @@ _LEAVES = (ast.Name, ast.Constant, ast.expr_context, ast.operator, ast.unaryop, 
            ast.Pass, ast.Break, ast.Continue, ast.Global, ast.Nonlocal)
 # Objects of the standard library (and its backport) that compare equal to everything.
 _WILDCARD_MODULES = {"unittest.mock", "mock"}
-_WILDCARDS = {"ANY"}
-_ATTACHING_CALLS = {"setattr", "__setattr__", "type", "__new__", "new_class"}
+_WILDCARDS = {"ANY", "_ANY"}
+_ATTACHING_CALLS = {"setattr", "__setattr__", "type", "__new__", "new_class", "exec", "compile"}
+_MAX_EXEC_DEPTH = 3
 
 
 class _Module:
@@ -154,6 +177,8 @@ class _Module:
         self.consts = {k: v for k, v in self.consts.items() if counts.get(k) == 1}
         self.classes = {}  # function node -> the class whose body defines it
         self.sites = []  # (node, the scopes around it): where a function may be attached as a method
+        self.class_defs = {}  # name -> the classes of that name
+        self.truthy = {}  # class -> whether its objects are always true
         self.imports = []
         self.wildcard_uses = []  # attributes named like a known wildcard (mock.ANY)
         self._bindings = {tree: None}
@@ -175,6 +200,7 @@ class _Module:
                 inner = scopes + (node,)
             elif kind is ast.ClassDef:
                 self.sites.append((node, scopes))
+                self.class_defs.setdefault(node.name, []).append(node)
                 inner = scopes + (node,)
                 for stmt in _scope_statements(node.body):
                     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -191,6 +217,9 @@ class _Module:
                 name = func.id if type(func) is ast.Name else func.attr if type(func) is ast.Attribute else None
                 if name in _ATTACHING_CALLS or any(kw.arg in WATCHED for kw in node.keywords):
                     self.sites.append((node, scopes))
+                elif (name == "getattr" and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                      and node.args[1].value in _WILDCARDS):
+                    self.wildcard_uses.append(node)
             elif kind is ast.Dict:
                 if node.keys:
                     self.sites.append((node, scopes))
@@ -544,7 +573,8 @@ class _Flow:
             key = _dotted(node)
             if key is not None and key in env:
                 return env[key]
-            return _AV(self.eval(node.value, env).deps)
+            base = self.eval(node.value, env).deps
+            return _AV(_type_of(base) if node.attr == "__class__" else base)
         if isinstance(node, ast.Subscript):
             picked = self.literal_item(node, env)
             if picked is not None:
@@ -776,6 +806,10 @@ class _Flow:
                     return folded
         summary = self.summarise_call(node, args, kwargs, env)
         result = summary if summary is not None else _AV(self.eval(func, env).deps | all_deps)
+        if summary is None and isinstance(func, ast.Name) and func.id not in env:
+            classes = self.module.class_defs.get(func.id, [])
+            if len(classes) == 1 and _always_truthy_instances(classes[0], self.module, 0):
+                result = _AV(result.deps, truth=True)  # an object of a class whose __bool__ is always true
         # a call may mutate what it is given: a local handed to it takes the deps of every argument
         if all_deps:
             if isinstance(func, ast.Attribute):
@@ -794,12 +828,14 @@ class _Flow:
                 return _AV(const=args[0].truth) if args[0].truth is not None else _AV(args[0].deps)
         if name == "object" and not args:
             return _AV(truth=True)
-        if name in ("type", "id") and len(args) == 1:
-            return _AV(args[0].deps, truth=True)  # a class, an id: never false
+        if name == "type" and len(args) == 1:
+            return _AV(_type_of(args[0].deps), truth=True)  # a class: never false
+        if name == "id" and len(args) == 1:
+            return _AV(args[0].deps, truth=True)  # an id: never 0
         if name in ("isinstance", "issubclass") and len(node.args) == 2:
             if self.builtin_name(node.args[1], {}) and node.args[1].id == "object":
                 return _AV(const=True)  # everything is an object
-            return None
+            return _AV(_type_of(args[0].deps) | args[1].deps)
         if name == "hasattr" and len(args) == 2 and args[1].const in _OBJECT_ATTRIBUTES:
             return _AV(const=True)  # everything has what object has
         if args and all(a.const is not _UNKNOWN for a in args) and name in _FOLDABLE:
@@ -820,7 +856,7 @@ class _Flow:
             if len(defs) == 1 and isinstance(defs[0], (ast.FunctionDef, ast.Lambda)):
                 callee = defs[0]
         elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and self.cls is not None
-              and func.value.id == self.self_name and func.value.id not in env_assigned(env, self.self_name)):
+              and func.value.id == self.self_name and func.value.id not in _rebound(env, self.self_name)):
             defs = self.module.bindings(self.cls).get(func.attr, [])
             if len(defs) == 1 and (isinstance(defs[0], ast.Lambda) or (
                     isinstance(defs[0], ast.FunctionDef) and not defs[0].decorator_list)):
@@ -857,7 +893,7 @@ class _Flow:
         return _AV(deps, truth=truth)
 
 
-def env_assigned(env, name):
+def _rebound(env, name):
     """The names in ``env`` rebound by the body (the first parameter, reassigned, is no longer self)."""
     value = env.get(name)
     return {name} if value is not None and value.deps else set()
@@ -894,11 +930,19 @@ def _positional(args: ast.arguments) -> list:
     return list(args.posonlyargs) + list(args.args)
 
 
+def _type_of(deps):
+    """The labels of an operand's type, given the labels of the operand."""
+    return frozenset(TYPE if label == OP else label for label in deps) if OP in deps else deps
+
+
 def _dotted(node):
+    """``a.b.c`` for an attribute chain on a name (at most 32 long), else None."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
+        if len(parts) > 32:
+            return None
     if isinstance(node, ast.Name):
         parts.append(node.id)
         return ".".join(reversed(parts))
@@ -983,6 +1027,7 @@ def _is_generator(node) -> bool:
 
 _DEPENDENT = ("dependent",)
 _UNDECIDED = ("undecided",)
+_TYPED = ("type",)  # depends on the operand's type, not on its value
 
 
 def _outcome_key(exit_: _Exit):
@@ -999,6 +1044,8 @@ def _outcome_key(exit_: _Exit):
         return _DEPENDENT
     if OPAQUE in value.deps:
         return _UNDECIDED
+    if TYPE in value.deps:
+        return _TYPED
     return ("self", id(exit_))
 
 
@@ -1007,6 +1054,7 @@ class _Verdict:
     ignores: bool | None
     returns: list  # (outcome key, constant or _UNKNOWN) of each exit that returns
     generator: bool = False
+    type_only: bool = False  # depends on the operand, but on its type only
 
     @property
     def outcomes(self) -> list:
@@ -1036,21 +1084,33 @@ def _judge(module: _Module, node) -> _Verdict:
     keys = [key for key, _const in returns]
     if not returns:
         return _Verdict(None, [])
-    if _DEPENDENT in keys:
+    # a difference between the outcomes is due to the conditions that chose between them
+    differ = len({_outcome_key(e) for e in flow.exits}) > 1
+    pcs = frozenset().union(*(e.pc for e in flow.exits)) if differ else frozenset()
+    if _DEPENDENT in keys or OP in pcs:
         return _Verdict(False, returns)
-    if _UNDECIDED in keys:
+    if _UNDECIDED in keys or OPAQUE in pcs:
         return _Verdict(None, returns)
-    if len({_outcome_key(e) for e in flow.exits}) == 1:
-        return _Verdict(True, returns)
-    pcs = frozenset().union(*(e.pc for e in flow.exits))
-    if OP in pcs:
-        return _Verdict(False, returns)
-    if OPAQUE in pcs:
-        return _Verdict(None, returns)
+    if _TYPED in keys or TYPE in pcs:
+        return _Verdict(False, returns, type_only=True)
     return _Verdict(True, returns)
 
 
 _PARSED: dict = {}
+# The parser accepts expressions nested about 3,000 deep (a long `a + b + ...`); the analysis recurses once or
+# twice a level, so it runs under a higher limit: a deep expression must not hide a defeater behind a
+# RecursionError.
+_RECURSION_LIMIT = 20_000
+
+
+class _DeepRecursion:
+    def __enter__(self):
+        self.saved = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(self.saved, _RECURSION_LIMIT))
+
+    def __exit__(self, *exc):
+        sys.setrecursionlimit(self.saved)
+        return False
 
 
 def _module_of(source: str):
@@ -1088,17 +1148,19 @@ def _functions_at(module: _Module, firstlineno: int, name: str | None):
 def function_ignores_operand(source: str, firstlineno: int, name: str | None = None) -> bool | None:
     """Given a file's source and the first line of a function or lambda (as a code object's co_firstlineno and
     co_name; '<lambda>' for lambdas), True when that function's result cannot depend on its operands (every
-    parameter after the first), False when it can, None when it cannot be decided (no such function, *args
-    used as a whole, raises on every path, a syntax error, ...).
+    parameter after the first; as an operator passes one operand, a third or later parameter with a default
+    keeps its default), False when it can (an operand's type is enough), None when it cannot be decided (no
+    such function, *args used as a whole, raises on every path, a syntax error, ...).
 
     "Its result" is what it returns, or the truthiness of what it returns when only that is fixed (a non-empty
     tuple built from the operand is always true). Returning NotImplemented or a constant False is ignoring the
     operand too: which of those defeat an assertion is for the caller (see ``function_defeats``)."""
     try:
-        module = _module_of(source)
+        module = _module_of(source)  # parsed under the ordinary limit, as the tests will import it
         if module is None:
             return None
-        verdicts = {_judge(module, node).ignores for node in _functions_at(module, firstlineno, name)}
+        with _DeepRecursion():
+            verdicts = {_judge(module, node).ignores for node in _functions_at(module, firstlineno, name)}
     except Exception as error:
         if STRICT and not isinstance(error, RecursionError):
             raise
@@ -1114,8 +1176,9 @@ def function_defeats(source: str, firstlineno: int, name: str | None = None, met
         module = _module_of(source)
         if module is None:
             return None
-        nodes = _functions_at(module, firstlineno, name)
-        results = {_defeat(_judge(module, node), method, node) is not None for node in nodes}
+        with _DeepRecursion():
+            nodes = _functions_at(module, firstlineno, name)
+            results = {_defeat(_judge(module, node), method, node) is not None for node in nodes}
     except Exception as error:
         if STRICT and not isinstance(error, RecursionError):
             raise
@@ -1182,9 +1245,10 @@ def _kind(method: str) -> str:
 class _Sites:
     """The attachment sites of a module, each judged with the core."""
 
-    def __init__(self, module: _Module, path: str):
+    def __init__(self, module: _Module, path: str, depth: int = 0):
         self.module = module
         self.path = path
+        self.depth = depth  # of exec() strings within exec() strings
         self.scopes = [module.funcs]  # function bindings of the enclosing module/function scopes
         self.findings: list[Finding] = []
         self.seen = set()
@@ -1219,9 +1283,21 @@ class _Sites:
         for method, entries in judged.items():
             for site, fn, verdict in entries:
                 what = _defeat(verdict, method, fn)
+                if what is None and method == "__eq__" and self.type_only(verdict, fn, node):
+                    detail = (f"{node.name}.__eq__ looks at nothing but the other object's type, so any two "
+                              f"{node.name} objects are equal whatever they hold")
+                    self.add(Finding(self.path, site.lineno, "comparison_only_checks_type", detail), site, fn)
                 if what is None or self.extremum(method, verdict, judged):
                     continue
                 self.report(site, fn, method, what, node.name)
+
+    def type_only(self, verdict, fn, cls) -> bool:
+        """An ``__eq__`` that depends on the operand's type alone, in a class whose objects hold state."""
+        if not verdict.type_only or not _callable_with_two(fn):
+            return False
+        if not any(key in (_TYPED, ("truth", True)) or key[0] == "self" for key in verdict.outcomes):
+            return False
+        return _has_state(cls) and not _hash_by_type(cls, self.module)
 
     def extremum(self, method, verdict, judged) -> bool:
         """An ordering that is constantly true while its mirror is constantly false is an infinity sentinel
@@ -1247,6 +1323,8 @@ class _Sites:
     def visit_call(self, node):
         func = node.func
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name in ("exec", "compile") and node.args:
+            self.visit_exec(node)
         if name in ("setattr", "__setattr__") and len(node.args) == 3 and not node.keywords:
             key = _fold_str(node.args[1], self.module)
             owner = _dotted(node.args[0]) or "an object"
@@ -1263,6 +1341,25 @@ class _Sites:
                 for key, value in zip(namespace.keys, namespace.values, strict=True):
                     if key is not None and _fold_str(key, self.module) is None:
                         self.judge_value(node, value, COMPUTED, "a class built by type()")
+
+    def visit_exec(self, node):
+        """Code in a string handed to exec() or compile(): analysed as if it were a class body (exec in a class
+        namespace defines methods), its findings placed at the call."""
+        code = _fold_str(node.args[0], self.module)
+        if code is None or self.depth >= _MAX_EXEC_DEPTH:
+            return
+        try:
+            tree = ast.parse(code)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return
+        wrapper = ast.Module(body=[ast.ClassDef(name="<exec>", bases=[], keywords=[], body=tree.body or [ast.Pass()],
+                                                decorator_list=[])], type_ignores=[])
+        ast.fix_missing_locations(wrapper)
+        inner = _Sites(_Module(wrapper), self.path, self.depth + 1)
+        inner.run()
+        for finding in inner.findings + _wildcards(inner.module, self.path):
+            self.add(Finding(self.path, node.lineno, finding.kind,
+                             f"code run by {_dotted(node.func) or 'exec'}() at this line: {finding.detail}"), node, node)
 
     def visit_dict(self, node):
         for key, value in zip(node.keys, node.values, strict=True):
@@ -1325,11 +1422,99 @@ class _Sites:
             detail = f"{shown} returns {what} whatever is looked up in it{where}"
         elif method in ISINSTANCE:
             detail = f"{shown} returns {what} whatever is checked against it{where}"
-        key = (site.lineno, method, id(fn))
-        if key in self.seen:
-            return
-        self.seen.add(key)
-        self.findings.append(Finding(self.path, site.lineno, _kind(method), detail))
+        self.add(Finding(self.path, site.lineno, _kind(method), detail), site, fn)
+
+    def add(self, finding, site, fn):
+        key = (site.lineno, finding.kind, id(fn))
+        if key not in self.seen:
+            self.seen.add(key)
+            self.findings.append(finding)
+
+
+def _always_truthy_instances(cls: ast.ClassDef, module: _Module, depth: int) -> bool:
+    """Whether every object of ``cls`` is true: its ``__bool__`` (or a base's in this file) returns a true
+    constant on every path."""
+    if depth > 8:
+        return False
+    cached = module.truthy.get(cls)
+    if cached is not None:
+        return cached
+    module.truthy[cls] = False  # while it is being decided (a cycle of bases)
+    result = False
+    defs = module.bindings(cls).get("__bool__", [])
+    if len(defs) == 1 and isinstance(defs[0], (ast.FunctionDef, ast.Lambda)):
+        verdict = _judge(module, defs[0])
+        result = bool(verdict.outcomes) and all(key == ("truth", True) for key in verdict.outcomes)
+    elif not defs and "__len__" not in module.bindings(cls):
+        for base in cls.bases:
+            defined = module.class_defs.get(base.id, []) if isinstance(base, ast.Name) else []
+            if len(defined) == 1 and _always_truthy_instances(defined[0], module, depth + 1):
+                result = True
+    module.truthy[cls] = result
+    return result
+
+
+_STATEFUL_BASES = {"str", "bytes", "bytearray", "int", "float", "complex", "tuple", "list", "dict", "set",
+                   "frozenset", "Decimal", "Fraction", "NamedTuple", "deque", "OrderedDict", "defaultdict",
+                   "Counter", "UserDict", "UserList", "UserString"}
+
+
+_DATACLASS_DECORATORS = {"dataclass", "s", "attrs", "define", "frozen", "mutable", "dataclass_transform"}
+
+
+def _has_state(cls: ast.ClassDef) -> bool:
+    """Whether each object of ``cls`` holds values given to it when it is made: a builtin value type among
+    its bases, dataclass or attrs fields, ``self.x = <a parameter>`` in its own ``__init__``, ``__new__`` or
+    ``__post_init__``. Class attributes, constants and a base's settings (a cache size) are not state: a
+    subclass whose objects differ in nothing of their own may well be equal by type."""
+    for base in cls.bases:
+        name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
+        if isinstance(base, ast.Call):
+            return True  # namedtuple(...), a class factory
+        if name in _STATEFUL_BASES:
+            return True
+    decorated = any((_dotted(d.func if isinstance(d, ast.Call) else d) or "").rsplit(".", 1)[-1]
+                    in _DATACLASS_DECORATORS for d in cls.decorator_list)
+    for stmt in _scope_statements(cls.body):
+        if decorated and isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and \
+                "ClassVar" not in ast.dump(stmt.annotation):
+            return True
+        if isinstance(stmt, ast.FunctionDef) and stmt.name in ("__init__", "__new__", "__post_init__"):
+            params = [p.arg for p in _positional(stmt.args)[1:] + list(stmt.args.kwonlyargs)]
+            params += [p.arg for p in (stmt.args.vararg, stmt.args.kwarg) if p is not None]
+            if stmt.name == "__post_init__":
+                params.append(_positional(stmt.args)[0].arg if _positional(stmt.args) else "self")
+            if any(_stores_a_parameter(sub, params) for sub in ast.walk(stmt)):
+                return True
+    return False
+
+
+def _stores_a_parameter(node, params) -> bool:
+    """``x.attr = <something made from a parameter>`` (or setattr(x, ..., <that>))."""
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        value = node.value
+    elif isinstance(node, ast.Call) and _dotted(node.func) in ("setattr", "object.__setattr__") and len(node.args) == 3:
+        targets, value = [ast.Attribute(value=node.args[0], attr="_", ctx=ast.Store())], node.args[2]
+    else:
+        return False
+    if not any(isinstance(t, ast.Attribute) for t in targets):
+        return False
+    return any(isinstance(sub, ast.Name) and sub.id in params for sub in ast.walk(value))
+
+
+def _hash_by_type(cls: ast.ClassDef, module: _Module) -> bool:
+    """Whether the class hashes its objects by their type alone (``hash(type(self))``): equality by type is
+    then the design, not an accident."""
+    defs = module.bindings(cls).get("__hash__", [])
+    if len(defs) != 1 or not isinstance(defs[0], (ast.FunctionDef, ast.Lambda)):
+        return False
+    params = _positional(defs[0].args)
+    if not params:
+        return False
+    flow = _Flow(module, defs[0], {params[0].arg: _AV({OP})})
+    values = [e.value for e in flow.exits if e.kind == "return"]
+    return bool(values) and all(v.const is _UNKNOWN and TYPE in v.deps and OP not in v.deps for v in values)
 
 
 def _fold_str(node, module: _Module):
@@ -1372,12 +1557,14 @@ def _fold_str_value(node, module, depth):
 def _wildcards(module: _Module, path: str) -> list[Finding]:
     """Imports and uses of objects that equal everything (``unittest.mock.ANY``) in the patched code."""
     findings = []
-    aliases = {}  # a name bound to a wildcard module -> the module
+    aliases = {}  # a name bound to a wildcard module (or to the unittest package) -> what it is
     for node in module.imports:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name in _WILDCARD_MODULES:
+                if alias.name in _WILDCARD_MODULES or alias.name == "unittest":
                     aliases[alias.asname or alias.name] = alias.name
+                    if alias.asname is None and alias.name == "unittest.mock":
+                        aliases["unittest"] = "unittest"
         elif node.module in _WILDCARD_MODULES and node.level == 0:
             for alias in node.names:
                 if alias.name in _WILDCARDS:
@@ -1388,11 +1575,41 @@ def _wildcards(module: _Module, path: str) -> list[Finding]:
                 if alias.name == "mock":
                     aliases[alias.asname or "mock"] = "unittest.mock"
     for node in module.wildcard_uses:
-        owner = _dotted(node.value)
-        if owner in aliases:
+        if isinstance(node, ast.Attribute):
+            owner, name = node.value, node.attr
+        else:  # getattr(owner, "ANY")
+            owner, name = node.args[0], node.args[1].value
+        found = _mock_module(owner, aliases)
+        if found is not None:
             findings.append(Finding(path, node.lineno, "wildcard_object",
-                                    f"uses {aliases[owner]}.{node.attr}, which compares equal to everything"))
+                                    f"uses {found}.{name}, which compares equal to everything"))
     return findings
+
+
+def _mock_module(node, aliases):
+    """The wildcard module (unittest.mock, mock) that ``node`` evaluates to, or None."""
+    key = _dotted(node)
+    if key in aliases and aliases[key] in _WILDCARD_MODULES:
+        return aliases[key]
+    if isinstance(node, ast.Attribute) and node.attr == "mock":  # unittest.mock, __import__("unittest").mock
+        inner = node.value
+        if _dotted(inner) in aliases and aliases[_dotted(inner)] == "unittest":
+            return "unittest.mock"
+        if isinstance(inner, ast.Call) and _literal_arg(inner) in ("unittest", "unittest.mock"):
+            return "unittest.mock"
+    if isinstance(node, ast.Subscript) and _dotted(node.value) == "sys.modules":
+        if isinstance(node.slice, ast.Constant) and node.slice.value in _WILDCARD_MODULES:
+            return node.slice.value
+    if isinstance(node, ast.Call) and _literal_arg(node) in _WILDCARD_MODULES:
+        if (_dotted(node.func) or "").endswith("import_module") or _dotted(node.func) == "__import__":
+            return _literal_arg(node) if _dotted(node.func) != "__import__" or _literal_arg(node) == "mock" else None
+    return None
+
+
+def _literal_arg(call):
+    if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+        return call.args[0].value
+    return None
 
 
 def defeaters_in_source(path: str, source: str) -> list[Finding]:
@@ -1400,12 +1617,13 @@ def defeaters_in_source(path: str, source: str) -> list[Finding]:
     comparison, membership and isinstance special methods whose result does not depend on what they are
     given, however they are attached. A file that does not parse has none (its tests fail to import it)."""
     try:
-        module = _module_of(source)
+        module = _module_of(source)  # parsed under the ordinary limit, as the tests will import it
         if module is None:
             return []
-        sites = _Sites(module, path)
-        sites.run()
-        findings = sites.findings + _wildcards(module, path)
+        with _DeepRecursion():
+            sites = _Sites(module, path)
+            sites.run()
+            findings = sites.findings + _wildcards(module, path)
     except Exception as error:  # a grader must not crash on a strange file: no findings (STRICT in tests)
         if STRICT and not isinstance(error, RecursionError):
             raise
