@@ -100,6 +100,7 @@ def test_sandbox_reaches_only_its_own_session_and_no_network(lego_config, work_d
     from lego.engine.tokenizer import load_tokenizer
     from lego.engine.transformers_engine import TransformersEngine
     from lego.rollout import RELAY_PORT, run_rollout
+    from lego.sandbox.docker_sandbox import KEEPER_UID
     from lego.sandbox.task_image import ensure_task_image
 
     installed("mini-swe-agent")
@@ -118,14 +119,16 @@ def test_sandbox_reaches_only_its_own_session_and_no_network(lego_config, work_d
             trajectory = await run_rollout(task, ad, resources=res, config=config, rollout_id="net-probe")
             # A sandbox with the relay, as sandbox harnesses get it: its own session answers, others do not.
             image = ensure_task_image(docker_engine.client, task, base_image, root)
-            mine, other = res.proxy.open_session(), res.proxy.open_session()
+            mine = res.proxy.open_session(own_socket=True, socket_uid=KEEPER_UID)
+            other = res.proxy.open_session()
             res.proxy.close_session(other.id)
             statuses, outside = await asyncio.to_thread(probe_relay, res, image, mine.id, other.id)
             return trajectory, statuses, outside
 
     def probe_relay(res, image, mine_id, other_id):
-        with res.factory.open(image, proxy_socket_dir=res.proxy.unix_path.parent) as sandbox:
-            relay = sandbox.start_proxy_relay(res.proxy.unix_path.name, RELAY_PORT)
+        socket = res.proxy.session_socket(mine_id)
+        with res.factory.open(image, proxy_socket_dir=socket.parent) as sandbox:
+            relay = sandbox.start_proxy_relay(socket.name, RELAY_PORT, mine_id)
             statuses = {}
             for name, sid in (("mine", mine_id), ("closed", other_id), ("guess", "x" * 32)):
                 url = f"{relay}/s/{sid}/v1/models"

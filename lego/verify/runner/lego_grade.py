@@ -31,6 +31,7 @@ SCRATCH = "/tmp/lego-grade"
 CONFIG_CANDIDATES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 OOM_EVENTS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 LOG_TAIL = 24_000
+MAX_RECORDS = 200_000  # a suite of tens of thousands of tests sends a few records each
 
 
 def load(name: str, filename: str | None = None):
@@ -177,35 +178,44 @@ def run_child(name: str, args: list[str], timeout: float, spec: dict, ctx: dict)
 
 
 def collect(read_end: int, pid: int, timeout: float):
+    """Read the run's records until it exits (and a moment more), or until its time is up; never block on it."""
     deadline = time.monotonic() + timeout
     buffer = b""
-    records = []
+    records: list[dict] = []
     status = None
     exited_at = None
+    open_channel = True
     while True:
         now = time.monotonic()
         if status is None:
             done, waited = os.waitpid(pid, os.WNOHANG)
             if done:
                 status, exited_at = waited, now
-        if exited_at is not None and now - exited_at > 1.0:
-            break  # a process the run left behind keeps the pipe open: what it writes later does not count
+        if exited_at is not None and (not open_channel or now - exited_at > 1.0):
+            break  # a process the run left behind may keep the pipe open: what it writes later does not count
         if now > deadline:
             break
+        if not open_channel:
+            time.sleep(0.02)
+            continue
         ready, _, _ = select.select([read_end], [], [], 0.05)
-        if ready:
-            chunk = os.read(read_end, 1 << 16)
-            if not chunk:
-                if status is None:
-                    _, status = os.waitpid(pid, 0) if now <= deadline else (0, None)
+        if not ready:
+            continue
+        chunk = os.read(read_end, 1 << 16)
+        if not chunk:
+            open_channel = False  # every writer closed it; the run itself may still be going
+            continue
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if len(records) >= MAX_RECORDS:
+                records.append({"t": "tamper", "detail": f"the run flooded its result channel (over {MAX_RECORDS} records)"})
+                open_channel = False
                 break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    records.append({"t": "garbled", "detail": line[:200].decode(errors="replace")})
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                records.append({"t": "garbled", "detail": line[:200].decode(errors="replace")})
     timed_out = status is None
     if timed_out:
         try:
@@ -225,8 +235,11 @@ def summarize(records: list[dict], pid: int) -> dict:
                     "end_rc": None, "foreign_records": 0}
     for record in records:
         kind = record.get("t")
-        if kind in ("tamper", "defeater", "garbled"):
+        if kind in ("tamper", "defeater"):
             (result["defeaters"] if kind == "defeater" else result["tamper"]).append(str(record.get("detail"))[:500])
+            continue
+        if kind == "garbled":  # nothing a test needs to pass; kept as evidence, not held against anyone
+            result["garbled"] = result.get("garbled", 0) + 1
             continue
         if record.get("pid") != pid:
             result["foreign_records"] += 1  # only the run's own process speaks for its tests
@@ -278,8 +291,9 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
     tamper, guard, plugin_module = ctx["tamper"], ctx["guard"], ctx["plugin_module"]
     tamper.runner_pids = {os.getpid(), os.getppid()}
     fingerprint = guard.Fingerprint(("_pytest", "pytest", "pluggy", "iniconfig", "lego_grade"))
+    graded = frozenset([*spec["fail_to_pass"], *spec["pass_to_pass"]])
     plugin, emit = plugin_module.make_plugin(channel, fingerprint, tamper, ctx["sources"], ctx["operand_ignored"],
-                                             guard.keep_first, ctx["finder"])
+                                             guard.keep_first, ctx["finder"], graded)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     os.environ.pop("PYTEST_ADDOPTS", None)
     os.chdir(spec["repo"])
@@ -329,15 +343,23 @@ def main() -> None:
         with open(path, encoding="utf-8", errors="replace") as handle:
             sources[path] = handle.read()
         if defeaters is not None:
+            # What the pristine file already defined is the repository's own (a wildcard it always had), not the patch's.
+            before = set()
+            pristine_path = os.path.join(pristine, relative)
+            if os.path.isfile(pristine_path) and not os.path.islink(pristine_path):
+                with open(pristine_path, encoding="utf-8", errors="replace") as handle:
+                    before = {(f.kind, f.detail) for f in defeaters.defeaters_in_source(pristine_path, handle.read())}
             for finding in defeaters.defeaters_in_source(path, sources[path]):
-                static.append(f"{finding.path}:{finding.line}: {finding.kind}: {finding.detail}")
+                if (finding.kind, finding.detail) not in before:
+                    static.append(f"{finding.path}:{finding.line}: {finding.kind}: {finding.detail}")
     report["static_defeaters"] = static
 
-    def operand_ignored(source: str, line: int, name: str):
+    def operand_ignored(source: str, line: int, name: str, method: str):
+        """Does this function, attached to a class as `method` (however it got there), defeat assertions?"""
         if defeaters is None:
             return None
         try:
-            return defeaters.function_ignores_operand(source, line, name)
+            return defeaters.function_defeats(source, line, name, method)
         except Exception:
             return None
 

@@ -216,7 +216,8 @@ def _callables(namespace: dict) -> dict[str, object]:
 
 
 class Fingerprint:
-    """Identity of every callable in the runner's modules and classes, and in builtins."""
+    """Identity of every callable in the runner's modules and classes, in builtins and in the standard library's
+    modules (their module-level callables)."""
 
     def __init__(self, module_prefixes: tuple[str, ...]) -> None:
         self.prefixes = module_prefixes
@@ -225,8 +226,18 @@ class Fingerprint:
         import builtins
 
         self._take("builtins", "", vars(builtins))
+        self.shared: set[str] = {"builtins"}  # modules the tests share with the code under test
         for name, module in list(sys.modules.items()):
-            if module is None or not name.startswith(module_prefixes):
+            if module is None:
+                continue
+            if name.partition(".")[0] in sys.stdlib_module_names and name != "sys":
+                # What a test computes its expectations with (math.isclose, json.loads, operator.eq...): the
+                # public callables (the modules swap private helpers themselves, e.g. warnings.catch_warnings).
+                self._take(name, "", {attr: value for attr, value in getattr(module, "__dict__", {}).items()
+                                      if not attr.startswith("_")})
+                self.shared.add(name)
+                continue
+            if not name.startswith(module_prefixes):
                 continue
             namespace = getattr(module, "__dict__", {})
             self._take(name, "", namespace)
@@ -263,12 +274,16 @@ class Fingerprint:
             namespace = vars(cls) if isinstance(cls, type) else {}
         return namespace.get(attr, _MISSING)
 
-    def changed(self) -> list[str]:
+    def changed(self, include_builtins: bool = True) -> list[str]:
+        """Entries no longer what they were. Builtins and the standard library only between tests: a test may
+        monkeypatch them (pytest's monkeypatch fixture undoes it at teardown); the runner's own objects never."""
         import builtins
 
         found = []
         cache: dict[tuple[str, str], dict] = {}
         for (module, owner, attr), value in self.entries.items():
+            if not include_builtins and module in self.shared:
+                continue
             key = (module, owner)
             if key not in cache:
                 target = builtins if module == "builtins" else sys.modules.get(module)

@@ -48,7 +48,7 @@ def all_classes() -> list[type]:
 
 
 def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], operand_ignored, keep_first,
-                finder):
+                finder, graded: frozenset[str] = frozenset()):
     """The plugin, with everything it needs held in closures (no attribute of it can be swapped to silence it)."""
     channel_inode = os.fstat(channel_fd).st_ino
     pid = os.getpid()
@@ -62,13 +62,13 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
         except OSError:
             pass
 
-    def check(where: str) -> None:
+    def check(where: str, between_tests: bool = True) -> None:
         try:
             if os.fstat(channel_fd).st_ino != channel_inode:
                 emit({"t": "tamper", "detail": f"the result channel was replaced ({where})"})
         except OSError:
             tamper.real_exit(98)
-        changed = fingerprint.changed()
+        changed = fingerprint.changed(include_builtins=between_tests)
         if changed:
             emit({"t": "tamper", "detail": f"runner callables replaced ({where}): {', '.join(changed[:8])}"})
         pm = state["pm"]
@@ -100,7 +100,7 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
                 code = getattr(function, "__code__", None)
                 if code is None or code.co_filename not in sources:
                     continue
-                verdict = operand_ignored(sources[code.co_filename], code.co_firstlineno, code.co_name)
+                verdict = operand_ignored(sources[code.co_filename], code.co_firstlineno, code.co_name, name)
                 if verdict:
                     emit({"t": "defeater", "detail": f"{cls.__qualname__}.{name} ({code.co_filename}:"
                                                      f"{code.co_firstlineno}) returns the same whatever it is compared with"})
@@ -129,7 +129,9 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
 
         @pytest.hookimpl(hookwrapper=True, tryfirst=True)
         def pytest_runtest_setup(self, item):
-            check(f"before {item.nodeid}")
+            # The full check (builtins and the standard library too) before each graded test; the runner's own
+            # objects before every test.
+            check(f"before {item.nodeid}", between_tests=item.nodeid in graded)
             outcome = yield
             emit({"t": "phase", "id": item.nodeid, "when": "setup", "state": _state(outcome)})
 
@@ -137,12 +139,14 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
         def pytest_runtest_call(self, item):
             outcome = yield
             emit({"t": "phase", "id": item.nodeid, "when": "call", "state": _state(outcome)})
-            check(f"after {item.nodeid}")
+            check(f"after {item.nodeid}", between_tests=False)
 
         @pytest.hookimpl(hookwrapper=True, tryfirst=True)
         def pytest_runtest_teardown(self, item, nextitem):
             outcome = yield
             emit({"t": "phase", "id": item.nodeid, "when": "teardown", "state": _state(outcome)})
+            if item.nodeid in graded:
+                check(f"after {item.nodeid}'s teardown")
 
         @pytest.hookimpl(trylast=True)
         def pytest_runtest_logreport(self, report):
