@@ -110,7 +110,8 @@ def test_the_agent_loop_runs_an_injected_rollout_through_verls_server_client(fp3
     loop = verl_loop.LegoHarnessAgentLoop(
         trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tiny_tokenizer, processor=None,
         dataset_cls=None, data_config=DictConfigWrap(OmegaConf.create({})), run_rollout=rollout)
-    task = Task(instance_id="demo-1", repo="demo/repo", base_commit="abc", problem_statement="fix it")
+    task = Task(instance_id="demo-1", repo="demo/repo", base_commit="abc", problem_statement="fix it",
+                FAIL_TO_PASS=["tests/test_demo.py::test_fix"])
     output = asyncio.run(loop.run({"temperature": 1.0}, extra_info={"task": task.model_dump()}))
     assert seen["task"] == task
     assert server.requests[0]["logprobs"] is True and server.requests[0]["max_tokens"] == 6
