@@ -250,6 +250,8 @@ def summarize(records: list[dict], pid: int) -> dict:
         elif kind == "report":
             tests.setdefault(record["id"], {"ours": {}, "pytest": {}})["pytest"].setdefault(record["when"], []).append(
                 record["outcome"])
+        elif kind == "interrupted":
+            result["interrupted"] = str(record.get("detail"))[:300]
         elif kind == "collected":
             result["collected"] = record["ids"]
         elif kind == "collect_error":
@@ -279,7 +281,12 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
     os.dup2(log, 2)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    # The exec stream and every other descriptor of the supervisor are gone before the repository loads.
+    # The channel moves to a random descriptor (a forger has to search for it) and the exec stream and every
+    # other descriptor of the supervisor are gone before the repository loads.
+    moved = 300 + int.from_bytes(os.urandom(2), "little") % 700
+    os.dup2(channel, moved)
+    os.close(channel)
+    channel = moved
     for fd in range(3, 1024):
         if fd != channel:
             try:

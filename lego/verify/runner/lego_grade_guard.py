@@ -34,7 +34,8 @@ ALWAYS_TAMPER = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referen
                            "ctypes.call_function", "sys._current_frames", "sys._current_exceptions"})
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
 # Ways to get hold of a frame on the caller's behalf: what they return is judged by who called them.
-FRAME_HELPERS = ("/inspect.py",)
+STDLIB_DIR = os.path.dirname(os.__file__) + "/"
+FRAME_REACH = 3  # standard-library frames a frame may be fetched through for (inspect, traceback, logging...)
 WATCHED = ALWAYS_TAMPER | KILL_EVENTS | {"open", "os.listdir", "os.scandir", "object.__setattr__", "compile",
                                          "sys._getframe", "object.__getattr__"}
 PROC_PRIVATE = ("/mem", "/fd", "/fdinfo", "/environ", "/maps")
@@ -160,8 +161,13 @@ class Tamper:
             # Frames reach the runner's locals (its channel, its exit): the patch's own code may not take one.
             if event == "object.__getattr__" and (len(args) < 2 or args[1] not in FRAME_ATTRIBUTES):
                 return
+            # The nearest frame outside the standard library decides (inspect.currentframe, traceback.walk_stack,
+            # logging.currentframe hand frames to their caller); deep library internals (logging's findCaller
+            # under a log call) do not make a log call a tamper.
             caller = self.getframe(2)
-            if caller is not None and caller.f_code.co_filename.endswith(FRAME_HELPERS):
+            for _ in range(FRAME_REACH):
+                if caller is None or not caller.f_code.co_filename.startswith(STDLIB_DIR):
+                    break
                 caller = caller.f_back
             if caller is not None and caller.f_code.co_filename in self.patched:
                 detail = args[1] if event == "object.__getattr__" else "sys._getframe"

@@ -54,13 +54,20 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
     pid = os.getpid()
     state = {"allowed": None, "pm": None}
 
+    real_exit = tamper.real_exit
+
     def emit(record: dict) -> None:
-        record["pid"] = pid
+        record["pid"] = os.getpid()
         data = (json.dumps(record, default=str) + "\n").encode()
         try:
+            # Closed, or another file put in its place: the run cannot speak for itself any more, so it ends
+            # with a status no result can agree with.
+            if os.fstat(channel_fd).st_ino != channel_inode:
+                real_exit(98)
             os.write(channel_fd, data)
         except OSError:
-            pass
+            if os.getpid() == pid:
+                real_exit(98)
 
     def check(where: str, between_tests: bool = True) -> None:
         try:
@@ -151,6 +158,10 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
         @pytest.hookimpl(trylast=True)
         def pytest_runtest_logreport(self, report):
             emit({"t": "report", "id": report.nodeid, "when": report.when, "outcome": report.outcome})
+
+        def pytest_keyboard_interrupt(self, excinfo):
+            # pytest.exit() or an interrupt: the session stopped before its tests ran to the end.
+            emit({"t": "interrupted", "detail": f"{excinfo.typename}: {str(excinfo.value)[:200]}"})
 
         @pytest.hookimpl(trylast=True)
         def pytest_sessionfinish(self, session, exitstatus):
