@@ -448,21 +448,18 @@ def server(
     import subprocess
     import time
 
+    from lego.pipeline.prefect_env import launch_prefect_server
     from lego.track.tracker import tracking_uri
 
     cfg, work = _load(config, overrides)
-    bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "PREFECT_HOME": str(work.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     work.mlflow_db.parent.mkdir(parents=True, exist_ok=True)
-    commands = {
-        "prefect": [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-        "mlflow": [str(bin_dir / "mlflow"), "server", "--backend-store-uri", tracking_uri(cfg, work),
-                   "--artifacts-destination", str(work.mlflow_artifacts), "--host", "127.0.0.1",
-                   "--port", str(mlflow_port), "--workers", "1"],
-    }
-    processes = {name: subprocess.Popen(cmd, env=env, stdout=open(work.logs / f"{name}-server.log", "ab"),
-                                        stderr=subprocess.STDOUT) for name, cmd in commands.items()}
+    processes = {"prefect": launch_prefect_server(work, prefect_port)}
+    mlflow = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", tracking_uri(cfg, work),
+              "--artifacts-destination", str(work.mlflow_artifacts), "--host", "127.0.0.1",
+              "--port", str(mlflow_port), "--workers", "1"]
+    processes["mlflow"] = subprocess.Popen(mlflow, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                                           stdout=open(work.logs / "mlflow-server.log", "ab"),
+                                           stderr=subprocess.STDOUT)
     console.print(f"Prefect UI  http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL="
                   f"http://127.0.0.1:{prefect_port}/api)\nMLflow UI   http://127.0.0.1:{mlflow_port}\n"
                   f"logs in {work.logs}; Ctrl-C stops both")

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import glob as globlib
 import os
-import shlex
 import shutil
 import signal
 import tempfile
@@ -47,7 +46,7 @@ from docker.errors import DockerException
 
 from lego.cache import content_hash
 from lego.config import LegoConfig
-from lego.engine.base import GenerateResult, SamplingParams
+from lego.engine.base import EngineWrapper, GenerateResult, SamplingParams
 from lego.errors import ImageBuildError, LegoError
 from lego.harness.base import (
     MOUNT_POINT,
@@ -99,27 +98,15 @@ def rollout_id(run_id: str, iteration: int, task_id: str, sample_index: int) -> 
     return f"{task_id}.i{iteration}.s{sample_index}.{digest}"
 
 
-class TurnGuard:
+class TurnGuard(EngineWrapper):
     """Wraps a session's engine: serves `limit` generations, then trips instead of serving the next one."""
 
     def __init__(self, inner, limit: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.limit = limit
         self.calls = 0
         self.tripped = asyncio.Event()
         self.released = asyncio.Event()
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    @property
-    def max_context(self) -> int:
-        return self.inner.max_context
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self.inner.eos_token_ids
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         self.calls += 1
@@ -130,12 +117,6 @@ class TurnGuard:
                 await asyncio.wait_for(self.released.wait(), 30)
             raise TurnLimitReached(f"turn limit of {self.limit} calls reached")
         return await self.inner.generate(prompt_ids, sampling)
-
-    async def score(self, token_ids: list[int]) -> list[float]:
-        return await self.inner.score(token_ids)
-
-    def load_checkpoint(self, path: str, policy_version: int) -> None:
-        self.inner.load_checkpoint(path, policy_version)
 
 
 @dataclass
@@ -613,13 +594,6 @@ async def run_rollout_for_verl(task: Task, engine) -> tuple[Trajectory, float | 
     outcome = await asyncio.to_thread(_verl_worker["verifier"].verify, task, trajectory)
     trajectory.metadata["outcome"] = outcome.kind.value
     return trajectory, outcome.reward
-
-
-def launch_command_preview(adapter: HarnessAdapter, context: HarnessContext) -> str:
-    """The command line a rollout would run (for `lego` diagnostics and docs)."""
-    launch = adapter.launch(context)
-    env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(launch.env.items()))
-    return f"{env} {launch.command}"
 
 
 __all__ = ["PlannedRollout", "RolloutResources", "StageResult", "TurnGuard", "persisted_rollout_ids", "resolve_version",

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lego.config import SamplingConfig
-from lego.engine.base import GenerateResult, SamplingParams
+from lego.engine.base import EngineWrapper, GenerateResult, SamplingParams
 
 IM_END = 151645
 
@@ -119,14 +119,11 @@ class BackgroundProxy:
         self.thread.join(timeout=10)
 
 
-class RecordingEngine:
+class RecordingEngine(EngineWrapper):
     """Wraps a real engine and keeps every prompt and result, to compare with the proxy's record."""
 
     def __init__(self, inner) -> None:
-        self.inner = inner
-        self.max_context = inner.max_context
-        self.eos_token_ids = inner.eos_token_ids
-        self.policy_version = inner.policy_version
+        super().__init__(inner)
         self.prompts: list[list[int]] = []
         self.results: list[GenerateResult] = []
         self.samplings: list[SamplingParams] = []
@@ -137,12 +134,6 @@ class RecordingEngine:
         self.samplings.append(sampling)
         self.results.append(result)
         return result
-
-    async def score(self, token_ids: list[int]) -> list[float]:
-        return await self.inner.score(token_ids)
-
-    def load_checkpoint(self, path: str, policy_version: int) -> None:
-        self.inner.load_checkpoint(path, policy_version)
 
 
 def check_fidelity(session, engine) -> tuple[list, list]:

@@ -41,7 +41,7 @@ def test_a_hanging_harness_times_out_and_leaks_nothing(harness, lego_config, wor
 
     installed(harness)
     task, root = bundled_task()
-    config = with_overrides(lego_config, harness={"name": harness, "max_turns": 3, "timeout_s": 15},
+    config = with_overrides(lego_config, harness={"name": harness, "max_turns": 3, "timeout_s": 30},
                             rollout={"infra_retries": 0})
     engine = SilentEngine()
 

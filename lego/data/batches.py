@@ -59,9 +59,13 @@ def advantages_in_loss(catalog: Catalog, run_id: str, iteration: int) -> dict[st
 
 
 def iter_training_samples(catalog: Catalog, run_id: str, iteration: int, *, stage: str = "rollout",
-                          main_only: bool = False, batch_size: int = DEFAULT_BATCH_SIZE) -> Iterator[TrainingSample]:
-    """The training sequences of one iteration, streamed in storage order."""
-    advantages = advantages_in_loss(catalog, run_id, iteration)
+                          main_only: bool = False, batch_size: int = DEFAULT_BATCH_SIZE,
+                          advantages: dict[str, dict[str, Any]] | None = None) -> Iterator[TrainingSample]:
+    """The training sequences of one iteration, streamed in storage order. `advantages` (rollout id -> row with
+    advantage, reward, is_cheat, policy_version, for the rollouts in the loss) defaults to the `advantages` view;
+    the train stage passes the rows its dataset artifact froze."""
+    if advantages is None:
+        advantages = advantages_in_loss(catalog, run_id, iteration)
     if not advantages:
         return
     where = pc.field("rollout_id").isin(list(advantages)) & (pc.field("num_response_tokens") > 0)

@@ -53,3 +53,29 @@ class Engine(Protocol):
         ...
 
     def load_checkpoint(self, path: str, policy_version: int) -> None: ...
+
+
+class EngineWrapper:
+    """An engine around an `inner` one: forwards the policy's identity, scoring and checkpoint loads to it;
+    subclasses say how to generate."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.inner.eos_token_ids
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        return await self.inner.score(token_ids)
+
+    def load_checkpoint(self, path: str, policy_version: int) -> None:
+        self.inner.load_checkpoint(path, policy_version)

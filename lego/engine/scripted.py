@@ -8,33 +8,21 @@ runs out, every further call emits `final_text`.
 
 from __future__ import annotations
 
-from lego.engine.base import GenerateResult, SamplingParams, stop_string_in
+from lego.engine.base import EngineWrapper, GenerateResult, SamplingParams, stop_string_in
 
 END_OF_TURN = "<|im_end|>"
 DEFAULT_FINAL_TEXT = "I am done."
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineWrapper):
     def __init__(self, inner, tokenizer, script: list[str], final_text: str = DEFAULT_FINAL_TEXT) -> None:
         """`inner`: a scorer with `score_with_routing(ids)` (TransformersEngine); `tokenizer`: its tokenizer."""
-        self.inner = inner
+        super().__init__(inner)
         self.tokenizer = tokenizer
         self.script = list(script)
         self.final_text = final_text
         self.calls = 0
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    @property
-    def max_context(self) -> int:
-        return self.inner.max_context
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self.inner.eos_token_ids
 
     def next_text(self) -> str:
         text = self.script[self.calls] if self.calls < len(self.script) else self.final_text
@@ -59,9 +47,3 @@ class ScriptedEngine:
         return GenerateResult(token_ids=response, logprobs=logprobs[len(prompt_ids):], routed_experts=routed,
                               finish_reason=finish_reason, prompt_tokens=len(prompt_ids),
                               stop_sequence=stop_sequence)
-
-    async def score(self, token_ids: list[int]) -> list[float]:
-        return await self.inner.score(token_ids)
-
-    def load_checkpoint(self, path: str, policy_version: int) -> None:
-        self.inner.load_checkpoint(path, policy_version)

@@ -113,38 +113,32 @@ class HarnessAdapter(Protocol):
         ...
 
 
-_REGISTRY: dict[str, Callable[[], HarnessAdapter]] = {}
-# name -> module that registers it: imported on first use so that a harness's module loads only when named
-MODULES = {
-    "mini-swe-agent": "lego.harness.mini_swe_agent",
-    "claude-code": "lego.harness.claude_code",
-    "opencode": "lego.harness.opencode",
-    "codex": "lego.harness.codex",
-    "openhands": "lego.harness.openhands",
+# The harnesses: name -> "module:class" of its adapter. The module is imported on first use, so that a harness's
+# module loads only when it is named; the adapter's spec.name must be its name here.
+HARNESSES = {
+    "mini-swe-agent": "lego.harness.mini_swe_agent:MiniSweAgent",
+    "claude-code": "lego.harness.claude_code:ClaudeCode",
+    "opencode": "lego.harness.opencode:OpenCode",
+    "codex": "lego.harness.codex:Codex",
+    "openhands": "lego.harness.openhands:OpenHands",
 }
 
 
-def register(name: str) -> Callable[[type], type]:
-    def decorate(cls: type) -> type:
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
-
-
 def harness_names() -> list[str]:
-    return sorted(MODULES)
+    return sorted(HARNESSES)
 
 
 def get_harness(name: str) -> HarnessAdapter:
     import importlib
 
-    if name not in _REGISTRY and name in MODULES:
-        importlib.import_module(MODULES[name])
-    if name not in _REGISTRY:
+    if name not in HARNESSES:
         raise HarnessError(f"unknown harness {name!r}; choose one of {', '.join(harness_names())} "
                            "(harness.name in the config)")
-    return _REGISTRY[name]()
+    module, _, cls = HARNESSES[name].partition(":")
+    adapter = getattr(importlib.import_module(module), cls)()
+    if adapter.spec.name != name:
+        raise HarnessError(f"{HARNESSES[name]} describes harness {adapter.spec.name!r}, not {name!r}")
+    return adapter
 
 
 def resolve_version(adapter: HarnessAdapter, version: str | None) -> str:

@@ -23,12 +23,10 @@ from lego.harness.base import (
     json_lines,
     last_json_line,
     locate,
-    register,
 )
 from lego.records import TerminationReason
 
 
-@register("claude-code")
 class ClaudeCode:
     spec = HarnessSpec(
         name="claude-code", protocol="anthropic_messages", default_version="2.1.197", install_kind="npm",

@@ -20,7 +20,6 @@ from lego.harness.base import (
     HarnessSpec,
     action_of,
     locate,
-    register,
 )
 from lego.harness.opencode import events
 from lego.records import TerminationReason
@@ -54,7 +53,6 @@ wire_api = "responses"
 """
 
 
-@register("codex")
 class Codex:
     spec = HarnessSpec(
         name="codex", protocol="openai_responses", default_version="0.171.0", install_kind="npm",

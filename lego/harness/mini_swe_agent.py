@@ -22,11 +22,11 @@ from lego.harness.base import (
     HarnessSpec,
     action_of,
     parse_arguments,
-    register,
 )
 from lego.records import TerminationReason
 
 RUNNER = Path(__file__).parent / "runners" / "mini_swe_agent_runner.py"
+RUNTIME_FILES = (RUNNER,)  # run, not imported (lego.pipeline.keys)
 RESULT_PREFIX = "LEGO_RESULT "
 COMPLETED = {"Submitted", "RepeatedFormatError"}
 
@@ -41,7 +41,6 @@ def result_line(output: str) -> dict:
     return {}
 
 
-@register("mini-swe-agent")
 class MiniSweAgent:
     spec = HarnessSpec(
         name="mini-swe-agent", protocol="openai_chat", default_version="2.4.6", install_kind="venv",

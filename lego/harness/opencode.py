@@ -26,7 +26,6 @@ from lego.harness.base import (
     action_of,
     json_lines,
     locate,
-    register,
 )
 from lego.records import TerminationReason
 
@@ -38,7 +37,6 @@ def events(output: str) -> list[dict]:
     return [event for event in json_lines(output) if "type" in event]
 
 
-@register("opencode")
 class OpenCode:
     spec = HarnessSpec(
         name="opencode", protocol="openai_chat", default_version="1.18.33", install_kind="npm",

@@ -25,13 +25,12 @@ from lego.harness.base import (
     action_of,
     json_lines,
     parse_arguments,
-    register,
 )
 from lego.harness.mini_swe_agent import result_line
 from lego.records import TerminationReason
 
 RUNNER = Path(__file__).parent / "runners" / "openhands_runner.py"
-@register("openhands")
+RUNTIME_FILES = (RUNNER, RUNNER.parent / "docker_shell.py")  # run, not imported (lego.pipeline.keys)
 class OpenHands:
     spec = HarnessSpec(
         name="openhands", protocol="openai_chat", default_version="1.58.2", install_kind="venv",

@@ -16,8 +16,9 @@ from lego.data.catalog import Catalog
 from lego.data.reader import iter_trajectories
 from lego.data.writer import DatasetWriter
 from lego.errors import LegoError
-from lego.pipeline.artifacts import StageContext
+from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.runners import Policy, RolloutRequest
+from lego.pipeline.taskset_stage import read_tasks
 from lego.records import Outcome
 from lego.tasksets.task import Task
 
@@ -113,6 +114,16 @@ def grade_attempts(ctx: StageContext, tasks: Sequence[Task], *, data_run_id: str
     return list(graded.values())
 
 
-def trajectories_of(ctx: StageContext, data_run_id: str, stage: str, iteration: int):
-    with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
-        return list(iter_trajectories(catalog, data_run_id, stage, iteration))
+def attempt_and_grade(ctx: StageContext, tasks_result: StageResult, split: str, policy: Policy, *, data_run_id: str,
+                      stage: str, samples: int, iteration: int) -> tuple[list[Task], list[Outcome]]:
+    """The loop of the stages that measure a policy on a split (filter, evaluate): the tasks of
+    `tasks_result.outputs[split]`, `samples` attempts each at `policy` (stored under `data_run_id` and `stage`),
+    every attempt graded (outcome stage `<stage>-verify`). Returns the tasks and the outcomes."""
+    tasks = read_tasks(tasks_result.outputs[split])
+    root = tasks_result.data.get("taskset_root")
+    root = Path(root) if root else None
+    run_attempts(ctx, tasks, policy, samples=samples, data_run_id=data_run_id, stage=stage, iteration=iteration,
+                 taskset_root=root)
+    outcomes = grade_attempts(ctx, tasks, data_run_id=data_run_id, rollout_stage=stage,
+                              outcome_stage=f"{stage}-verify", iteration=iteration, taskset_root=root)
+    return tasks, outcomes

@@ -10,10 +10,9 @@ from lego.data.codec import EvalResult
 from lego.data.writer import DatasetWriter
 from lego.evaluate.report import summarize_outcomes
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
-from lego.pipeline.attempts import grade_attempts, run_attempts
+from lego.pipeline.attempts import attempt_and_grade
 from lego.pipeline.rollout_stage import rollout_settings
 from lego.pipeline.runners import Policy
-from lego.pipeline.taskset_stage import read_tasks
 from lego.pipeline.verify_stage import grading_settings, write_outcomes
 
 STAGE = "evaluate"
@@ -24,14 +23,9 @@ def run_evaluate_stage(ctx: StageContext, tasks_result: StageResult, policy: Pol
               **rollout_settings(ctx), **grading_settings(ctx)}
 
     def compute(directory: Path) -> StageOutput:
-        tasks = read_tasks(tasks_result.outputs["eval_tasks"])
-        root = tasks_result.data.get("taskset_root")
-        root = Path(root) if root else None
         data_run_id = f"eval-{directory.name[:16]}"
-        run_attempts(ctx, tasks, policy, samples=ctx.config.eval.samples_per_task, data_run_id=data_run_id,
-                     stage=STAGE, iteration=iteration, taskset_root=root)
-        outcomes = grade_attempts(ctx, tasks, data_run_id=data_run_id, rollout_stage=STAGE,
-                                  outcome_stage="evaluate-verify", iteration=iteration, taskset_root=root)
+        _, outcomes = attempt_and_grade(ctx, tasks_result, "eval_tasks", policy, data_run_id=data_run_id, stage=STAGE,
+                                        samples=ctx.config.eval.samples_per_task, iteration=iteration)
         with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
             rows = catalog.rows("SELECT rollout_id, num_turns, num_tokens FROM rollouts WHERE run_id = ? AND "
                                 "stage = ? AND iteration = ?", [data_run_id, STAGE, iteration])

@@ -10,10 +10,10 @@ from lego.data.catalog import Catalog
 from lego.data.queries import task_difficulty
 from lego.errors import LegoError
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
-from lego.pipeline.attempts import grade_attempts, run_attempts
+from lego.pipeline.attempts import attempt_and_grade
 from lego.pipeline.rollout_stage import rollout_settings
 from lego.pipeline.runners import Policy
-from lego.pipeline.taskset_stage import read_tasks, write_tasks
+from lego.pipeline.taskset_stage import write_tasks
 from lego.pipeline.verify_stage import grading_settings
 
 STAGE = "filter"
@@ -28,14 +28,9 @@ def run_filter_stage(ctx: StageContext, tasks_result: StageResult, policy: Polic
               **rollout_settings(ctx), **grading_settings(ctx)}
 
     def compute(directory: Path) -> StageOutput:
-        tasks = read_tasks(tasks_result.outputs["train_tasks"])
-        root = tasks_result.data.get("taskset_root")
-        root = Path(root) if root else None
         data_run_id = f"filter-{directory.name[:16]}"
-        run_attempts(ctx, tasks, policy, samples=ctx.config.filter.attempts, data_run_id=data_run_id,
-                     stage=STAGE, iteration=0, taskset_root=root)
-        grade_attempts(ctx, tasks, data_run_id=data_run_id, rollout_stage=STAGE, outcome_stage="filter-verify",
-                       iteration=0, taskset_root=root)
+        tasks, _ = attempt_and_grade(ctx, tasks_result, "train_tasks", policy, data_run_id=data_run_id, stage=STAGE,
+                                     samples=ctx.config.filter.attempts, iteration=0)
         with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
             rows = task_difficulty(catalog, data_run_id)
         kept_ids = {row["task_id"] for row in rows if row["keep"]}

@@ -23,20 +23,27 @@ def configure_prefect_env(work: WorkDir) -> dict[str, str]:
     return {key: os.environ[key] for key in defaults}
 
 
-def start_prefect_server(work: WorkDir, port: int, timeout_s: float = 180.0):
-    """`prefect server start` on loopback (with its scheduler), waited for; sets PREFECT_API_URL."""
+def launch_prefect_server(work: WorkDir, port: int):
+    """`prefect server start` on loopback (with its scheduler), not waited for; its log is
+    <work>/logs/prefect-server.log."""
     import subprocess
     import sys
-    import time
-    import urllib.request
     from pathlib import Path
 
     env = {**os.environ, "PREFECT_HOME": str(work.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     work.logs.mkdir(parents=True, exist_ok=True)
     log = open(work.logs / "prefect-server.log", "ab")
-    process = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
-                                "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
+                             "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def start_prefect_server(work: WorkDir, port: int, timeout_s: float = 180.0):
+    """`launch_prefect_server`, waited for until it answers; sets PREFECT_API_URL."""
+    import time
+    import urllib.request
+
+    process = launch_prefect_server(work, port)
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ from lego.pipeline.artifacts import (
     load_result,
     run_cached,
 )
-from lego.pipeline.attempts import check_complete, pending_requests, rollout_requests, stored_rollout_ids
+from lego.pipeline.attempts import check_complete, pending_requests, rollout_requests
 from lego.pipeline.keys import code_version, key_of
 from lego.pipeline.runners import Policy, RolloutRequest
 from lego.pipeline.taskset_stage import read_tasks
@@ -129,10 +129,6 @@ def rollout_output(ctx: StageContext, directory: Path, data_run_id: str, stage: 
     return StageOutput(metrics=metrics, outputs={"rollout_summary": directory / "rollouts.json",
                                                  "trajectories": data_dir},
                        data={"data_run_id": data_run_id, "stage": stage, **policy.as_data()})
-
-
-def stored_count(ctx: StageContext, plan: RolloutPlan) -> int:
-    return len(stored_rollout_ids(ctx, plan.data_run_id, STAGE, plan.iteration))
 
 
 __all__ = ["RolloutPlan", "artifact_dir", "finish_rollouts", "plan_rollouts", "shard"]

@@ -7,11 +7,9 @@ import json
 import time
 from pathlib import Path
 
-import pyarrow.compute as pc
-
 from lego.data import codec
+from lego.data.batches import iter_training_samples, training_batch_fields
 from lego.data.catalog import Catalog
-from lego.data.reader import iter_segment_batches
 from lego.data.writer import DatasetWriter
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
 from lego.pipeline.dataset_stage import read_advantages
@@ -21,27 +19,17 @@ STAGE = "train"
 
 
 def training_batch(ctx: StageContext, dataset: StageResult):
-    """The TrainBatch of the rollouts in the loss (None when there is none)."""
+    """The TrainBatch of the rollouts in the loss, with the advantages the dataset artifact froze (None when there
+    is none)."""
     from lego.train.trainer import TrainBatch
 
-    advantages = {row["rollout_id"]: row["advantage"] for row in read_advantages(dataset) if row["in_loss"]}
+    advantages = {row["rollout_id"]: row for row in read_advantages(dataset) if row["in_loss"]}
     if not advantages:
         return None
-    ids, masks, logprobs, advs, routing = [], [], [], [], []
-    where = pc.field("rollout_id").isin(list(advantages)) & (pc.field("num_response_tokens") > 0)
     with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
-        for batch in iter_segment_batches(catalog, dataset.data["data_run_id"], "rollout", dataset.iteration or 0,
-                                          where=where):
-            for rollout_id, _, segment in codec.segments_from_batch(batch):
-                ids.append(segment.token_ids)
-                masks.append(segment.response_mask)
-                logprobs.append(segment.logprobs)
-                advs.append(float(advantages[rollout_id]))
-                routing.append(segment.routed_experts)
-    if not ids:
-        return None
-    return TrainBatch(input_ids=ids, response_mask=masks, inference_logprobs=logprobs, advantages=advs,
-                      routed_experts=None if all(r is None for r in routing) else routing)
+        samples = list(iter_training_samples(catalog, dataset.data["data_run_id"], dataset.iteration or 0,
+                                             advantages=advantages))
+    return TrainBatch(**training_batch_fields(samples)) if samples else None
 
 
 def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy) -> StageResult:
@@ -78,6 +66,3 @@ def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy) -> 
 
     return run_cached(ctx, STAGE, iteration, inputs, compute)
 
-
-def policy_after(train: StageResult) -> Policy:
-    return Policy.from_data(train.data)

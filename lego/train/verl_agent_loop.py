@@ -10,7 +10,7 @@ The rollout function is injected: pass `run_rollout="package.module:function"` i
 (verl passes that file's extra keys to the constructor) or call `set_rollout_function(fn)` in the worker.
 
 Launch (see configs/gpu/verl_r3.yaml for the settings):
-    lego export verl ...            # writes the RL parquet with agent_name=lego_harness and extra_info.task
+    lego data export --run RUN --iteration N --out DIR   # DIR/rl_dataset.parquet: one RL row per task
     python -m verl.trainer.main_ppo --config-path $PWD/configs/gpu --config-name verl_r3 \
         data.train_files=... actor_rollout_ref.model.path=...
 

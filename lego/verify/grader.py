@@ -43,6 +43,7 @@ from lego.tasksets.task import Task
 from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff
 
 RUNNER_DIR = Path(__file__).parent / "runner"
+RUNTIME_FILES = (RUNNER_DIR,)  # mounted, not imported (lego.pipeline.keys)
 RUNNER_MOUNT = "/opt/lego-grader"
 RESULT_MARKER = "LEGO_GRADE_RESULT "
 PYTEST_PREFIXES = ("python3 -m pytest", "python -m pytest", "pytest")
