@@ -107,3 +107,13 @@ def test_verl_batch_without_routing(routing):
     a = sample([1, 2], [0, 1], 1.0)
     a.routed_experts = routing
     assert "routed_experts" not in build_verl_batch([a])
+
+
+def test_an_exported_row_is_what_the_verl_agent_loop_runs(tmp_path):
+    """`lego data export` rows name the registered agent loop, and the loop reads their task back."""
+    from lego.train.verl_agent_loop import AGENT_NAME, task_from_row
+
+    path = write_verl_rl_dataset([TASK], tmp_path / "rl.parquet")
+    row = read_verl_rl_dataset(path)[0]
+    assert row["agent_name"] == AGENT_NAME == "lego_harness"
+    assert task_from_row({"extra_info": row["extra_info"]}) == TASK

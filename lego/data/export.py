@@ -31,6 +31,9 @@ from lego.tasksets.task import Task
 
 QWEN3_PAD_TOKEN_ID = 151643  # <|endoftext|>
 
+# The verl agent loop that runs these rows (lego/train/verl_agent_loop.py registers itself under this name).
+AGENT_LOOP_NAME = "lego_harness"
+
 RL_SCHEMA = pa.schema([
     pa.field("data_source", pa.string()),
     pa.field("prompt", pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))),
@@ -52,7 +55,7 @@ class ExportError(LegoError):
     """There is nothing to export, or the records do not fit verl's layout."""
 
 
-def verl_rl_rows(tasks: Sequence[Task], agent_name: str = "lego", data_source: str = "lego",
+def verl_rl_rows(tasks: Sequence[Task], agent_name: str = AGENT_LOOP_NAME, data_source: str = "lego",
                  ability: str = "coding") -> list[dict[str, Any]]:
     """One verl RL row per task; ground_truth carries the hidden tests as JSON (verl wants a string)."""
     rows = []
@@ -71,7 +74,7 @@ def verl_rl_rows(tasks: Sequence[Task], agent_name: str = "lego", data_source: s
     return rows
 
 
-def write_verl_rl_dataset(tasks: Sequence[Task], out_path: Path, agent_name: str = "lego",
+def write_verl_rl_dataset(tasks: Sequence[Task], out_path: Path, agent_name: str = AGENT_LOOP_NAME,
                           data_source: str = "lego") -> Path:
     table = pa.Table.from_pylist(verl_rl_rows(tasks, agent_name, data_source), schema=RL_SCHEMA)
     return write_parquet_atomic(table, Path(out_path))
@@ -136,7 +139,7 @@ def to_torch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def export_iteration(catalog: Catalog, run_id: str, iteration: int, out_dir: Path,
-                     pad_token_id: int = QWEN3_PAD_TOKEN_ID, agent_name: str = "lego") -> dict[str, Any]:
+                     pad_token_id: int = QWEN3_PAD_TOKEN_ID, agent_name: str = AGENT_LOOP_NAME) -> dict[str, Any]:
     """Write <out>/rl_dataset.parquet (the run's tasks) and <out>/batch.npz (iteration's padded tensors)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

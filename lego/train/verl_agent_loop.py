@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
+from lego.data.export import AGENT_LOOP_NAME
 from lego.engine.base import GenerateResult, SamplingParams
 from lego.errors import LegoError
 from lego.records import Segment, Trajectory
 from lego.tasksets.task import Task
 
-AGENT_NAME = "lego_harness"
+AGENT_NAME = AGENT_LOOP_NAME
 RunRollout = Callable[[Task, Any], Awaitable[tuple[Trajectory, float | None]]]
 _rollout_function: RunRollout | None = None
 
@@ -143,9 +144,10 @@ def trajectory_to_output(trajectory: Trajectory, reward: float | None, response_
 
 
 def task_from_row(kwargs: dict[str, Any]) -> Task:
-    """The Task of a dataset row: extra_info.task (a Task as a dict or JSON string)."""
+    """The Task of a dataset row: extra_info.task (a Task as a dict or JSON string) or extra_info.task_json (what
+    `lego data export` writes)."""
     extra = kwargs.get("extra_info") or {}
-    raw = extra.get("task") if isinstance(extra, dict) else None
+    raw = (extra.get("task") or extra.get("task_json")) if isinstance(extra, dict) else None
     if raw is None:
         raise AgentLoopError("dataset row has no extra_info.task; export the data with Lego's verl export")
     return Task.model_validate_json(raw) if isinstance(raw, str) else Task.model_validate(raw)
