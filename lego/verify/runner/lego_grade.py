@@ -141,6 +141,55 @@ def plugin_modules() -> list[str]:
     return sorted({ep.module for ep in entry_points(group="pytest11")})
 
 
+def protected_files(repo: str, test_args: list[str]) -> list[str]:
+    """What defines the tests: the test files, every conftest.py, the pytest configuration files on their
+    ancestor directories, and the bytecode caches beside the test files (a cached module is what gets run)."""
+    import hashlib  # noqa: F401 - loaded here, before any run, like everything the supervisor uses
+
+    found: set[str] = set()
+    for arg in test_args:
+        path = os.path.join(repo, arg.split("::")[0])
+        found.add(path)
+        directory = os.path.dirname(path)
+        found.add(os.path.join(directory, "__pycache__"))
+        while directory.startswith(repo.rstrip("/")):
+            found.update(os.path.join(directory, name) for name in CONFIG_CANDIDATES)
+            found.add(os.path.join(directory, "conftest.py"))
+            if directory == repo.rstrip("/"):
+                break
+            directory = os.path.dirname(directory)
+    for directory, subdirectories, files in os.walk(repo):
+        subdirectories[:] = [d for d in subdirectories if d not in (".git", "__pycache__")]
+        if "conftest.py" in files:
+            found.add(os.path.join(directory, "conftest.py"))
+    return sorted(found)
+
+
+def file_state(paths: list[str]) -> dict[str, str]:
+    """Content of each protected path (a directory: its entries and theirs); absent paths count as absent."""
+    import hashlib
+
+    state: dict[str, str] = {}
+    for path in paths:
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                for entry in sorted(os.listdir(path)):
+                    state.update(file_state([os.path.join(path, entry)]))
+                state[path] = "dir"
+            elif os.path.islink(path):
+                state[path] = "link:" + os.readlink(path)
+            elif os.path.exists(path):
+                with open(path, "rb") as handle:
+                    state[path] = hashlib.sha256(handle.read()).hexdigest()
+        except OSError as exc:
+            state[path] = f"unreadable: {exc.strerror}"
+    return state
+
+
+def changed_files(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    return sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+
+
 # ---------------------------------------------------------------------------------------------- children
 
 
@@ -171,6 +220,13 @@ def run_child(name: str, args: list[str], timeout: float, spec: dict, ctx: dict)
     result = summarize(records, pid)
     result.update(name=name, seconds=round(time.monotonic() - started, 3), timed_out=timed_out,
                   oom_kills=oom_kills() - before, log_tail=tail(log_path))
+    # The tests' own files are the task's: a run that changed them (a test file rewritten for the runs that
+    # follow, a poisoned bytecode cache, a conftest removed) tampered with grading, whoever did it.
+    after = file_state(ctx["protected"])
+    changed = changed_files(ctx["protected_state"], after)
+    if changed:
+        result["tamper"].append(f"the tests' own files changed during the run: {', '.join(changed[:6])}")
+        ctx["protected_state"] = after
     if status is not None:
         code = os.waitstatus_to_exitcode(status)
         result["exit_code"] = 128 - code if code < 0 else code  # killed by signal N: 128+N, as a shell says
@@ -301,6 +357,7 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
     graded = frozenset([*spec["fail_to_pass"], *spec["pass_to_pass"]])
     plugin, emit = plugin_module.make_plugin(channel, fingerprint, tamper, ctx["sources"], ctx["operand_ignored"],
                                              guard.keep_first, ctx["finder"], graded)
+    sys.dont_write_bytecode = True  # so that any bytecode cache appearing beside a test file is somebody's doing
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     os.environ.pop("PYTEST_ADDOPTS", None)
     os.chdir(spec["repo"])
@@ -393,6 +450,8 @@ def main() -> None:
         return plugin, emit
 
     plugin_module.make_plugin = make_plugin
+    ctx["protected"] = protected_files(repo, test_args)
+    ctx["protected_state"] = file_state(ctx["protected"])
     tamper.install()
     runs = [run_child("full", [*base_args, *test_args], spec["timeout_s"], spec, ctx)]
     if spec.get("isolate_fail_to_pass", True) and not runs[0]["timed_out"]:
