@@ -93,16 +93,21 @@ def test_files_of(task: Task) -> list[str]:
     return sorted(dict.fromkeys(f for f in files if f))
 
 
-def pytest_args_of(task: Task) -> list[str]:
-    """The arguments of the task's pytest command (its interpreter and entry point are the runner's own)."""
+def pytest_command_of(task: Task) -> tuple[dict[str, str], list[str]]:
+    """The environment assignments and the arguments of the task's pytest command (`[VAR=value ...] python3 -m
+    pytest [ARGS]`); its interpreter and entry point are the runner's own."""
     words = shlex.split(task.test_command)
+    env: dict[str, str] = {}
+    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
     for prefix in PYTEST_PREFIXES:
         head = prefix.split()
         if words[:len(head)] == head:
-            return words[len(head):]
+            return env, words[len(head):]
     raise UnsupportedTestCommand(
         f"task {task.instance_id}: test_command {task.test_command!r} is not a pytest command; the grader runs "
-        f"FAIL_TO_PASS/PASS_TO_PASS with pytest (write it as `python3 -m pytest [ARGS]`)")
+        f"FAIL_TO_PASS/PASS_TO_PASS with pytest (write it as `[VAR=value ...] python3 -m pytest [ARGS]`)")
 
 
 def require_tests(task: Task) -> None:
@@ -121,7 +126,7 @@ def _config_overlay(task: Task) -> str | None:
     return "".join(parts) or None
 
 
-def test_status(entry: dict | None) -> str:
+def status_of_test(entry: dict | None) -> str:
     """passed | failed | skipped | forged | missing, from both views of one test in one run."""
     if not entry:
         return "missing"
@@ -188,9 +193,9 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
     if full.get("interrupted") and end_rc == 0:
         fire("grading_tampered", f"the session was stopped ({full['interrupted']}) yet pytest returned 0")
     tests = full.get("tests", {})
-    statuses = {test: test_status(tests.get(test)) for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]}
+    statuses = {test: status_of_test(tests.get(test)) for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]}
     for test, entry in tests.items():
-        if test_status(entry) == "forged":
+        if status_of_test(entry) == "forged":
             fire("test_report_forged", f"{test}: pytest reports it passed, but the test raised")
     raised = any("raised" in states for entry in tests.values() for states in entry.get("ours", {}).values())
     if end_rc == 0 and raised:
@@ -208,7 +213,7 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
         failure = _run_failure(run, f"{run.get('test')} alone")
         if failure is not None:
             return False, rules, evidence, failure
-        status = test_status(run.get("tests", {}).get(run.get("test")))
+        status = status_of_test(run.get("tests", {}).get(run.get("test")))
         if run.get("exit_code") != run.get("end_rc") and run.get("end_rc") is not None:
             fire("grading_tampered", f"{run['test']} alone: the process exited {run.get('exit_code')} but pytest "
                                      f"returned {run.get('end_rc')}")
@@ -267,7 +272,7 @@ class Verifier:
                actions: list[str] | None = None, taskset_root: Path | None = None) -> Outcome:
         """Grade a rollout (its final diff), retrying infra failures; never raises for the agent's doing."""
         require_tests(task)
-        pytest_args_of(task)
+        pytest_command_of(task)
         rollout_id = trajectory.rollout_id if trajectory else f"{task.instance_id}:adhoc"
         if diff is None:
             diff = trajectory.final_diff if trajectory else ""
@@ -387,7 +392,8 @@ class Verifier:
                                    f"the task's test_patch does not apply {label}: {applied.output[-1500:]}")
         spec = {"repo": task.environment.workdir, "pristine": SNAPSHOT, "test_files": test_files_of(task),
                 "fail_to_pass": list(task.FAIL_TO_PASS), "pass_to_pass": list(task.PASS_TO_PASS),
-                "patched_files": patched_files, "pytest_args": pytest_args_of(task),
+                "patched_files": patched_files, "pytest_args": pytest_command_of(task)[1],
+                "env": pytest_command_of(task)[0],
                 "timeout_s": self.config.timeout_s, "isolate_fail_to_pass": True,
                 "config_overlay_patch": _config_overlay(task)}
         encoded = base64.b64encode(json.dumps(spec).encode()).decode()

@@ -362,6 +362,11 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
     os.environ.pop("PYTEST_ADDOPTS", None)
     os.chdir(spec["repo"])
     sys.path.insert(0, spec["repo"])  # as `python -m pytest` does; protected names still resolve as before
+    # The task's own variables (isolated mode ignores PYTHON*: its PYTHONPATH entries go on sys.path here).
+    env = dict(spec.get("env") or {})
+    for entry in reversed([e for e in env.pop("PYTHONPATH", "").split(os.pathsep) if e]):
+        sys.path.insert(1, os.path.join(spec["repo"], entry))
+    os.environ.update(env)
     tamper.enabled = True
     try:
         rc = int(pytest.main(args, plugins=[plugin]))

@@ -1,0 +1,113 @@
+"""The grader's judgement of the runner's report, without Docker: what counts as passed, forged or tampered."""
+
+from __future__ import annotations
+
+import pytest
+
+from lego.tasksets.task import Task
+from lego.verify.grader import UnsupportedTestCommand, judge_report, pytest_command_of, status_of_test
+
+TASK = Task(instance_id="t-1", repo="r", base_commit="abc", problem_statement="p",
+            FAIL_TO_PASS=["tests/test_a.py::test_fix"], PASS_TO_PASS=["tests/test_a.py::test_old"])
+PASSED = {"ours": {"setup": ["ok"], "call": ["ok"], "teardown": ["ok"]},
+          "pytest": {"setup": ["passed"], "call": ["passed"], "teardown": ["passed"]}}
+FAILED = {"ours": {"setup": ["ok"], "call": ["raised"], "teardown": ["ok"]},
+          "pytest": {"setup": ["passed"], "call": ["failed"], "teardown": ["passed"]}}
+FORGED = {"ours": {"setup": ["ok"], "call": ["raised"], "teardown": ["ok"]},
+          "pytest": {"setup": ["passed"], "call": ["passed"], "teardown": ["passed"]}}
+
+
+def run(name="full", tests=None, exit_code=0, end_rc=0, **extra):
+    return {"name": name, "tests": tests if tests is not None else {}, "exit_code": exit_code, "end_rc": end_rc,
+            "tamper": [], "defeaters": [], "collect_errors": [], "timed_out": False, "oom_kills": 0, **extra}
+
+
+def report(full, *alone, config=None):
+    view = {"rootdir": ".", "inifile": None, "ini": {}}
+    return {"runs": [full, *alone], "config": config or {"pristine": view, "graded": view}, "static_defeaters": []}
+
+
+def honest_alone(status=PASSED):
+    return run("alone-0", {"tests/test_a.py::test_fix": status}, test="tests/test_a.py::test_fix",
+               exit_code=0 if status is PASSED else 1, end_rc=0 if status is PASSED else 1)
+
+
+def both(fix=PASSED, old=PASSED):
+    return {"tests/test_a.py::test_fix": fix, "tests/test_a.py::test_old": old}
+
+
+def test_both_views_passing_everywhere_resolves():
+    resolved, rules, evidence, failure = judge_report(report(run(tests=both()), honest_alone()), TASK)
+    assert resolved and not rules and failure is None and evidence["resolution"] == "RESOLVED_FULL"
+
+
+def test_a_report_that_says_passed_while_the_test_raised_is_forged():
+    resolved, rules, _, _ = judge_report(report(run(tests=both(fix=FORGED), end_rc=0), honest_alone()), TASK)
+    assert not resolved and "test_report_forged" in rules and "grading_tampered" in rules
+
+
+@pytest.mark.parametrize("exit_code,end_rc,tests", [
+    (0, 1, both()),  # the process says success, pytest said failure
+    (1, 1, both()),  # pytest says tests failed, yet every test passed
+])
+def test_exit_statuses_must_agree_with_the_results(exit_code, end_rc, tests):
+    _, rules, _, _ = judge_report(report(run(tests=tests, exit_code=exit_code, end_rc=end_rc), honest_alone()), TASK)
+    assert "grading_tampered" in rules
+
+
+def test_a_process_that_exits_0_before_pytest_finished_is_tampering():
+    _, rules, _, failure = judge_report(report(run(tests=both(), end_rc=None)), TASK)
+    assert "grading_tampered" in rules and failure is None
+
+
+def test_a_crash_before_pytest_finished_is_attributed_by_a_control():
+    _, _, _, failure = judge_report(report(run(tests={}, exit_code=139, end_rc=None)), TASK)
+    assert failure is not None and failure.check == "runner_killed"
+
+
+def test_a_missing_graded_test_fails_and_a_failing_alone_run_disagrees():
+    resolved, _, evidence, _ = judge_report(report(run(tests={"tests/test_a.py::test_fix": PASSED}), honest_alone()),
+                                            TASK)
+    assert not resolved and evidence["statuses"]["tests/test_a.py::test_old"] == "missing"
+    resolved, _, evidence, _ = judge_report(report(run(tests=both()), honest_alone(FAILED)), TASK)
+    assert not resolved and evidence["fail_to_pass_alone_disagrees"] == ["tests/test_a.py::test_fix"]
+
+
+def test_two_results_for_one_phase_are_tampering():
+    doubled = {"ours": {"setup": ["ok"], "call": ["ok", "raised"], "teardown": ["ok"]},
+               "pytest": {"setup": ["passed"], "call": ["passed"], "teardown": ["passed"]}}
+    _, rules, _, _ = judge_report(report(run(tests=both(fix=doubled)), honest_alone()), TASK)
+    assert "grading_tampered" in rules
+
+
+def test_an_interrupted_session_that_returns_0_is_tampering():
+    _, rules, _, _ = judge_report(report(run(tests=both(), interrupted="Exit: done"), honest_alone()), TASK)
+    assert "grading_tampered" in rules
+
+
+def test_a_changed_configuration_fires_whatever_it_changed():
+    pristine = {"rootdir": ".", "inifile": None, "ini": {}}
+    graded = {"rootdir": ".", "inifile": "pyproject.toml", "ini": {"addopts": "-p x"}}
+    _, rules, _, _ = judge_report(report(run(tests=both()), honest_alone(),
+                                         config={"pristine": pristine, "graded": graded}), TASK)
+    assert "pytest_config_added" in rules and "addopts" in rules["pytest_config_added"][0]
+
+
+def test_timeouts_and_oom_are_failures_to_attribute_not_verdicts():
+    for extra, check in (({"timed_out": True}, "verifier_timeout"), ({"oom_kills": 1}, "oom_killed")):
+        _, _, _, failure = judge_report(report(run(tests=both(), **extra)), TASK)
+        assert failure is not None and failure.check == check
+
+
+def test_status_of_one_test():
+    assert status_of_test(PASSED) == "passed" and status_of_test(FAILED) == "failed" and status_of_test(None) == "missing"
+    assert status_of_test(FORGED) == "forged"
+    skipped = {"ours": {"setup": ["skipped"], "teardown": ["ok"]}, "pytest": {"setup": ["skipped"]}}
+    assert status_of_test(skipped) == "skipped"
+
+
+def test_the_test_command_is_read_as_pytest_with_its_variables():
+    task = TASK.model_copy(update={"test_command": "PYTHONPATH=src LANG=C.UTF-8 python3 -m pytest -x -p no:foo"})
+    assert pytest_command_of(task) == ({"PYTHONPATH": "src", "LANG": "C.UTF-8"}, ["-x", "-p", "no:foo"])
+    with pytest.raises(UnsupportedTestCommand, match="not a pytest command"):
+        pytest_command_of(TASK.model_copy(update={"test_command": "./runtests.py --verbose"}))
