@@ -49,3 +49,31 @@ def test_source_mentioning_pytest_is_judged_by_what_it_does_not_by_its_text():
     for path, text in (("plugin_ish.py", "from _pytest import reports\n"), ("src/_pytest/reports.py", "import _pytest\n")):
         screening = screen_diff(new_file_patch(path, text), TASK)
         assert screening.rules == {} and [part.path for part in screening.kept] == [path]
+
+
+SMUGGLED_CONFTEST = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n"
+                     " def add(a, b):\n-    return a - b\n+    return a + b\n"
+                     "--- /dev/null\n+++ b/tests/conftest.py\n@@ -0,0 +1,1 @@\n+import os\n")
+
+
+def test_a_file_smuggled_inside_another_files_section_is_dropped_and_flagged():
+    # git applies a traditional ---/+++ fragment inside a `diff --git` section: screen what git applies.
+    screening = screen_diff(SMUGGLED_CONFTEST, TASK)
+    assert "patch_smuggles_files" in screening.rules and screening.kept == []
+
+
+def test_unusual_but_honest_paths_are_not_smuggling(tmp_path):
+    import subprocess
+
+    rename = ("diff --git a/old name.py b/new name.py\nsimilarity index 100%\nrename from old name.py\n"
+              "rename to new name.py\n")
+    # A name git quotes C-style in its headers ("b/t\\303\\251st_data.py"), from git itself.
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "t\u00e9st data.py").write_text("X = 1\n")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "-A"], check=True)
+    quoted = subprocess.run(["git", "-C", str(tmp_path), "diff", "--cached"], check=True, capture_output=True,
+                            text=True).stdout
+    assert '"b/t\\303\\251st data.py"' in quoted
+    for diff in (rename, quoted, new_file_patch("pkg/helpers.py", "X = 1\n")):
+        screening = screen_diff(diff, TASK)
+        assert screening.rules == {} and screening.kept, diff

@@ -14,6 +14,7 @@ revealed something (lego/verify/reveal.py).
 from __future__ import annotations
 
 import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -78,11 +79,47 @@ def split_diff(diff: str) -> list[FilePatch]:
         text = diff[start:end]
         header = text.splitlines()[0]
         match = re.match(r'diff --git "?a/(.+?)"? "?b/(.+?)"?$', header)
-        old, new = (match.group(1), match.group(2)) if match else (header, header)
+        old, new = (_unquote(match.group(1)), _unquote(match.group(2))) if match else (header, header)
         if "\ndeleted file mode" in text:
             new = "/dev/null"
         patches.append(FilePatch(old, new, text if text.endswith("\n") else text + "\n"))
     return patches
+
+
+def _unquote(path: str) -> str:
+    """git quotes unusual paths C-style ("t\\303\\251st.py"): the path as git means it."""
+    if "\\" not in path:
+        return path
+    import codecs
+
+    try:
+        return codecs.escape_decode(path.encode("utf-8"))[0].decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return path
+
+
+def paths_git_applies(text: str) -> set[str] | None:
+    """Every path `git apply` would touch for `text`, as git itself parses it (None: git cannot parse it).
+
+    A section that starts with `diff --git a/x b/x` may go on with a traditional `--- /dev/null` /
+    `+++ b/tests/conftest.py` fragment, which git applies too: screening by what git applies, not by the
+    section headers, is what keeps such a file from being smuggled past the screen."""
+    result = subprocess.run(["git", "apply", "--numstat", "-z", "-"], input=text.encode("utf-8", "surrogateescape"),
+                            capture_output=True, cwd="/")
+    if result.returncode != 0:
+        return None
+    paths: set[str] = set()
+    tokens = result.stdout.decode("utf-8", "surrogateescape").split("\0")
+    index = 0
+    while index < len(tokens):
+        fields = tokens[index].split("\t")
+        if len(fields) == 3 and fields[2]:
+            paths.add(fields[2])
+        elif len(fields) == 3 and index + 2 < len(tokens):  # a rename or copy: old and new follow
+            paths.update(tokens[index + 1:index + 3])
+            index += 2
+        index += 1
+    return paths
 
 
 def is_test_path(path: str) -> bool:
@@ -118,7 +155,25 @@ def screen_diff(diff: str, task: Task) -> Screening:
                 screening.fire("test_files_edited", f"{part.path}: an existing test file edited or deleted")
                 reason = "test"
         (screening.dropped if reason else screening.kept).append(part)
+    _drop_smuggled(screening)
     return screening
+
+
+def _drop_smuggled(screening: Screening) -> None:
+    """Drop every kept section in which git would touch a path its header does not name."""
+    if not screening.kept:
+        return
+    applied = paths_git_applies(screening.patch)
+    named = {path for part in screening.kept for path in (part.old_path, part.new_path)}
+    if applied is not None and applied <= named:
+        return
+    for part in list(screening.kept):
+        touched = paths_git_applies(part.text)
+        extra = sorted((touched or set()) - {part.old_path, part.new_path})
+        if extra:
+            screening.fire("patch_smuggles_files", f"{part.path}: its section also writes {', '.join(extra[:5])}")
+            screening.kept.remove(part)
+            screening.dropped.append(part)
 
 
 def _names(action: str, where: str, workdir: str) -> bool:

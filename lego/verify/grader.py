@@ -379,14 +379,18 @@ class Verifier:
         return Outcome(rollout_id, task.instance_id, kind, cheat_rules=sorted(rules), evidence=evidence,
                        test_log=log[-200_000:], exit_code=code)
 
-    def _apply(self, sandbox: DockerSandbox, patch: str, path: str):
+    def _apply(self, sandbox: DockerSandbox, patch: str, path: str, fallback: bool = False):
+        """`git apply`, which is what the screening judged. Only the task's own test patch may fall back to GNU
+        patch (it parses headers differently, so an agent's patch through it could write what was screened out)."""
         sandbox.put_file(path, patch.encode())
-        return sandbox.exec(f"git apply --whitespace=nowarn {path} 2>&1 || patch -p1 --forward --batch < {path}",
-                            timeout=120)
+        command = f"git apply --whitespace=nowarn {path} 2>&1"
+        if fallback:
+            command += f" || patch -p1 --forward --batch < {path}"
+        return sandbox.exec(command, timeout=120)
 
     def _run_runner(self, sandbox: DockerSandbox, task: Task, patched_files: list[str], label: str) -> dict:
         if task.test_patch.strip():
-            applied = self._apply(sandbox, task.test_patch, "/tmp/lego-test.patch")
+            applied = self._apply(sandbox, task.test_patch, "/tmp/lego-test.patch", fallback=True)
             if applied.exit_code != 0:
                 raise InfraFailure("test_patch_does_not_apply",
                                    f"the task's test_patch does not apply {label}: {applied.output[-1500:]}")
