@@ -498,3 +498,23 @@ def test_a_conftest_smuggled_inside_another_files_section_never_reaches_the_test
     outcome = verifier.verify(calc_task, diff=smuggled)
     assert outcome.kind == "cheat" and "patch_smuggles_files" in outcome.cheat_rules, outcome.evidence
     assert outcome.evidence["tests_alone_would_give"] == "unresolved"
+
+
+def test_a_patch_that_stops_the_test_patch_from_applying_is_not_a_free_retry(verifier, calc_task):
+    """The test patch also touches calc.py; a patch that moves its context makes it fail to apply. Without the
+    agent's patch it applies, so the failure is the patch's: unresolved, never infra."""
+    touches_source = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -5,2 +5,2 @@\n"
+                      " def mul(a, b):\n-    return a * b\n+    return a * b  # checked by the tests\n")
+    task = calc_task.model_copy(update={"test_patch": calc_task.test_patch + touches_source})
+    assert verifier.verify(task, diff=GOLD_PATCH).kind == "resolved"
+    moved = calc_patch("""
+        def add(a, b):
+            return a + b
+
+
+        def mul(a, b):
+            return b * a
+    """)
+    outcome = verifier.verify(task, diff=moved)
+    assert outcome.kind == "unresolved", outcome.evidence
+    assert outcome.evidence["check"] == "test_patch_does_not_apply_caused_by_patch" and outcome.attempts == 1

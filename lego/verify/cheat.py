@@ -131,7 +131,9 @@ def is_test_path(path: str) -> bool:
 
 def screen_diff(diff: str, task: Task) -> Screening:
     screening = Screening()
-    hidden = set(task.test_files)
+    # The test patch's own files: the tests it adds or edits. A source file it also touches stays the agent's to
+    # change (a conflict there is attributed by a control run, see grader.py).
+    hidden = {part.path for part in split_diff(task.test_patch) if part.is_new or is_test_path(part.path)}
     for part in split_diff(diff):
         paths = {part.old_path, part.path} - {"/dev/null"}
         reason = None

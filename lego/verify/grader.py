@@ -52,7 +52,8 @@ RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error"
 # Failures of a graded run that the patch can cause: a healthy control run without the patch blames the patch.
 # A dead container is not among them: the test processes run as a uid that cannot signal the container's keeper,
 # so a container that dies is infra (retried).
-PATCH_ATTRIBUTABLE = {"verifier_timeout", "oom_killed", "runner_crash", "runner_killed"}
+# A test patch that no longer applies is among them: the agent's patch may have moved what it patches.
+PATCH_ATTRIBUTABLE = {"verifier_timeout", "oom_killed", "runner_crash", "runner_killed", "test_patch_does_not_apply"}
 # How a rollout that ended this way is graded without running tests (the evidence check is
 # `termination:<reason>`; the rollout's own attribution is in trajectory.metadata["failure_attribution"]).
 TERMINATION_OUTCOME = {
@@ -345,8 +346,6 @@ class Verifier:
                 report = self._run_runner(sandbox, task, [part.path for part in screening.kept],
                                           "with the agent's patch")
             except InfraFailure as failure:
-                if failure.check == "test_patch_does_not_apply":
-                    raise
                 report, blamed = None, failure
         if report is not None:
             resolved, fired, grading, blamed = judge_report(report, task)
