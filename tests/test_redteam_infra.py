@@ -129,6 +129,15 @@ def test_a_diff_the_agents_tree_breaks_is_the_policys_not_infra(agent_sandbox):
         agent_sandbox.diff()
 
 
+def test_an_agent_that_fills_the_scratch_space_still_gets_its_diff(agent_sandbox, reference_diff):
+    # A full /tmp used to make taking the diff fail on the agent's tree and on the pristine snapshot alike:
+    # infra, a free retry. Its files are not needed any more, so they are freed and the diff is taken.
+    act(agent_sandbox, [FIX, "head -c 600M /dev/zero > /tmp/fill 2>/dev/null; "
+                             "for i in $(seq 1 2000); do : > /tmp/f$i 2>/dev/null || break; done; true"])
+    assert agent_sandbox.exec("df --output=avail /tmp | tail -1").output.strip() in ("0", "")
+    assert agent_sandbox.diff() == reference_diff
+
+
 # ---------------------------------------------------------------------------------------------- patch size
 
 

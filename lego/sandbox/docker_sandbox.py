@@ -343,6 +343,12 @@ base64 -w0 "$S/patch"
         # nor kill git, and stray processes (a fork bomb) must not hold every pid.
         self.reclaim_processes()
         status, patch, result = take(self.workdir)
+        if status == "failed":
+            # The scratch space may be full of the agent's files (a filled /tmp must not pass for infra): nothing
+            # there is needed any more (transcripts are collected before the diff), so free it and try again.
+            self.exec("find /tmp /var/tmp -mindepth 1 -maxdepth 1 -user \"$(id -u)\" -exec rm -rf {} + "
+                      "2>/dev/null; true", timeout=60, workdir="/")
+            status, patch, result = take(self.workdir)
         if status == "too_large":
             raise PatchTooLarge(f"the diff in {self.name} is over the cap of {cap} bytes (stopped reading at "
                                 f"{patch} bytes); it was not transferred", cap)
