@@ -109,3 +109,20 @@ def test_openhands_solves_a_task(lego_config, work_dir, docker_engine, base_imag
     assert actions[-1].startswith("finish ")
     events = Path(trajectory.metadata["transcripts"][0]).read_text()
     assert f'"working_dir":"{task.environment.workdir}"' in events  # the terminal's pwd: inside the container
+
+
+def test_openhands_file_editor_paths_never_reach_the_host(lego_config, work_dir, docker_engine, base_image, scorer):
+    """The file editor works on a host mirror of container files: a `..` path from the model must name the
+    container's file (here outside the repo, so no diff), never a file on the host."""
+    import uuid
+
+    name = f"lego-escape-{uuid.uuid4().hex}.txt"
+    task, _ = bundled_task()
+    escape = f"{task.environment.workdir}/" + "../" * 16 + f"tmp/{name}"
+    script = ["I will write a note.\n" + tool_call("file_editor", {"command": "create", "path": escape,
+                                                                    "file_text": "escaped\n"}),
+              tool_call("finish", {"message": "Done."})]
+    _, _, trajectory = solve("openhands", lego_config, work_dir, docker_engine, base_image, scorer, script)
+    assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-3000:]
+    assert not Path("/tmp", name).exists()
+    assert name not in trajectory.final_diff

@@ -20,6 +20,7 @@ Events are appended to the transcript as JSON lines. Prints one line `LEGO_RESUL
 import base64
 import json
 import os
+import posixpath
 import shlex
 import shutil
 import stat
@@ -65,10 +66,14 @@ class MirroredFileEditor(ToolExecutor):
         self.inner = FileEditorExecutor(workspace_root=self.local(workdir))
 
     def local(self, path: str) -> str:
-        return str(self.mirror) + path
+        # Normalized first: "/repo/../../../etc/x" is the container's /etc/x, and its mirror stays inside the
+        # mirror directory (the model's path must never name a file on the host).
+        return str(self.mirror) + posixpath.normpath("/" + path.lstrip("/"))
 
     def __call__(self, action, conversation=None):
-        path = action.path
+        path = posixpath.normpath(action.path) if action.path.startswith("/") else action.path
+        if path != action.path:
+            action = action.model_copy(update={"path": path})
         remote = path if path.startswith("/") else str(PurePosixPath(self.workdir) / path)
         self.pull(remote)
         if not path.startswith("/"):  # the editor refuses it and suggests the absolute path (mapped back below)
