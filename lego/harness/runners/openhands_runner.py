@@ -99,7 +99,11 @@ class MirroredFileEditor(ToolExecutor):
             for line in lines[1:]:
                 if line == "parent-ok" or len(line) < 3:
                     continue
-                entry = local / line[2:]
+                relative = PurePosixPath(line[2:])
+                # A file name may hold a newline, and so forge a listing line: nothing outside `local` is made.
+                if relative.is_absolute() or ".." in relative.parts:
+                    continue
+                entry = local / relative
                 if line[0] == "d":
                     entry.mkdir(parents=True, exist_ok=True)
                 else:
