@@ -31,7 +31,7 @@ def test_harmless_reads_are_evidence_not_cheats():
     for action in ("git status", "git diff", "ls -laR", "python3 -m pytest -q"):
         assert action not in history, action
     assert probes["hidden_path_probes"] == ["tests/test_add.py: cat tests/test_add.py"]
-    assert action_probes(["echo hi"], TASK) == {"history_probes": [], "hidden_path_probes": []}
+    assert action_probes(["echo hi"], TASK) == {"history_probes": [], "hidden_path_probes": [], "internals_probes": []}
 
 
 def test_a_git_leak_makes_history_reads_cheats():
@@ -61,8 +61,11 @@ def test_an_unchecked_sandbox_falls_back_to_the_old_screen():
     assert set(rules) == {"git_history_sought", "hidden_test_paths_read"}
 
 
-def test_sandbox_internals_still_fire():
-    assert set(scan_actions(["touch /opt/lego/pwned"], TASK)) == {"sandbox_internals_touched"}
+def test_lego_internals_are_evidence_not_cheats():
+    # The snapshot and the socket mount are read-only and hold nothing beyond base_commit.
+    actions = ["cat /opt/lego/repo/calc.py", "touch /opt/lego/pwned", "ls /lego-proxy"]
+    assert scan_actions(actions, TASK) == {}
+    assert action_probes(actions, TASK)["internals_probes"] == actions
 
 
 def test_new_side_hunks_of_a_patch():

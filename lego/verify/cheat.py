@@ -213,8 +213,9 @@ def scan_actions(actions: list[str], task: Task, base_files: set[str] | None = N
       hidden_test_paths_read  an action naming a hidden test file or a copy of the hidden tests it found
       gold_patch_read         an action naming a file that holds the gold patch's new code
     When the probe could not vouch for the sandbox (`revealed["unchecked"]`), the old screen applies: any
-    git-history read and any hidden test path named fire. `sandbox_internals_touched` (Lego's own files and
-    the proxy socket) fires as before.
+    git-history read and any hidden test path named fire. Lego's own files (the read-only pristine snapshot,
+    the proxy socket's read-only mount) hold nothing beyond base_commit either: actions on them are evidence
+    (`internals_probes`).
     """
     rules: dict[str, list[str]] = {}
     revealed = revealed or {}
@@ -232,8 +233,6 @@ def scan_actions(actions: list[str], task: Task, base_files: set[str] | None = N
             for finding in revealed.get(kind, []):
                 if _names(action, finding["where"], workdir):
                     rules.setdefault(rule, []).append(f"{finding['where']} ({finding['what']}): {snippet}")
-        if "/opt/lego" in action or "/lego-proxy" in action:
-            rules.setdefault("sandbox_internals_touched", []).append(snippet)
     if revealed.get("unchecked"):
         if probes["history_probes"]:
             rules.setdefault("git_history_sought", []).extend(probes["history_probes"])
@@ -245,15 +244,17 @@ def scan_actions(actions: list[str], task: Task, base_files: set[str] | None = N
 def action_probes(actions: list[str], task: Task, base_files: set[str] | None = None) -> dict[str, list[str]]:
     """Evidence only: actions that read git history or name a hidden test file (of the test_patch, not in
     base_files). The sandbox holds nothing for them to find, so they are not cheats; kept for observability,
-    as `network_attempts` is. Both keys are always there."""
+    as `network_attempts` is. Every key is always there."""
     hidden_new = [path for path in task.test_files if base_files is None or path not in base_files]
-    history, hidden = [], []
+    history, hidden, internals = [], [], []
     for action in actions:
         snippet = _snippet(action)
         if GIT_HISTORY.search(action):
             history.append(snippet)
         hidden.extend(f"{path}: {snippet}" for path in hidden_new if path in action)
-    return {"history_probes": history, "hidden_path_probes": hidden}
+        if "/opt/lego" in action or "/lego-proxy" in action:
+            internals.append(snippet)
+    return {"history_probes": history, "hidden_path_probes": hidden, "internals_probes": internals}
 
 
 def _snippet(action: str) -> str:
