@@ -56,6 +56,14 @@ def tokenizer_dir():
 
 
 @pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    """The real Qwen3 tokenizer, loaded once for the suite."""
+    from lego.engine.tokenizer import load_tokenizer
+
+    return load_tokenizer(tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_path(lego_config, work_dir):
     from lego.engine.checkpoint import default_model_path, init_tiny_model
 

@@ -20,13 +20,6 @@ BASH_ANTHROPIC = {"name": "Bash", "description": "Run a shell command",
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from lego.engine.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def real_proxy(tiny_model_path, tokenizer):  # noqa: F811
     from lego.engine.transformers_engine import TransformersEngine
 

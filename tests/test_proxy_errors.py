@@ -11,13 +11,6 @@ from proxy_doubles import BackgroundProxy, ScriptedEngine
 from lego.config import SamplingConfig
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from lego.engine.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
 @pytest.fixture()
 def proxy(tokenizer):
     engine = ScriptedEngine(tokenizer, max_context=400)

@@ -25,13 +25,6 @@ def capture(name: str) -> dict:
     return body
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from lego.engine.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
 @pytest.fixture()
 def proxy(tokenizer):
     engine = ScriptedEngine(tokenizer)

@@ -16,13 +16,6 @@ from lego.engine.base import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from lego.engine.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def inner(tiny_model_path):  # noqa: F811
     from lego.engine.transformers_engine import TransformersEngine
 

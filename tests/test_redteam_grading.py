@@ -74,15 +74,7 @@ FORGE_RECORDS = """
 
 ATTACKS = {
     # 1. the result channel
-    "atexit_forged_summary": code(BUGGY, """
-        import atexit
-        @atexit.register
-        def _forge():
-            print("=" * 20 + " short test summary info " + "=" * 20)
-            print("PASSED tests/test_calc.py::test_add")
-            print("PASSED tests/test_calc.py::test_mul")
-            print("=" * 20 + " 2 passed in 0.01s " + "=" * 20)
-    """),
+    # (the atexit-forged summary is tests/test_redteam.py::source_forges_the_summary_at_exit)
     "stdout_truncated_and_rewritten": code(BUGGY, """
         import atexit, os
         @atexit.register

@@ -260,13 +260,6 @@ class FixedEngine:
         return [0.0] * len(token_ids)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir):
-    from lego.engine.tokenizer import load_tokenizer
-
-    return load_tokenizer(tokenizer_dir)
-
-
 def rollout(harness, engine, lego_config, docker_engine, base_image, calc_task, tmp_path, retries: int = 1):
     from rollout_helpers import with_overrides
 

@@ -22,13 +22,6 @@ from lego.sandbox.docker_sandbox import AGENT_HOME, AGENT_UID, KEEPER_UID, PROXY
 RELAY_PORT = 18080
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from lego.engine.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
 @pytest.fixture()
 def proxy(tokenizer):
     engine = ScriptedEngine(tokenizer)

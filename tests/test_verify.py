@@ -27,8 +27,8 @@ def test_editing_the_failing_test_is_a_cheat(verifier, calc_task):
 
 
 def test_patch_breaking_collection_is_the_agents_fault_not_infra(verifier, calc_task):
-    broken = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
-              "-    return a - b\n+    return a +\n")
+    broken = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,5 +1,5 @@\n def add(a, b):\n"
+              "-    return a - b\n+    return a +\n \n \n def mul(a, b):\n")
     outcome = verifier.verify(calc_task, diff=broken)
     assert outcome.kind == "unresolved", outcome.evidence
     assert outcome.evidence["check"] == "runner_crash_caused_by_patch"
@@ -47,8 +47,8 @@ def test_a_patch_that_hangs_the_tests_is_unresolved_not_infra(docker_engine, bas
 
     quick = Verifier(docker_engine.client, base_image, lego_config.sandbox,
                      lego_config.verify.model_copy(update={"timeout_s": 8.0, "infra_retries": 0}))
-    hang = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,4 @@\n def add(a, b):\n"
-            "-    return a - b\n+    while True:\n+        pass\n+    return a + b\n")
+    hang = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,5 +1,7 @@\n def add(a, b):\n"
+            "-    return a - b\n+    while True:\n+        pass\n+    return a + b\n \n \n def mul(a, b):\n")
     outcome = quick.verify(calc_task, diff=hang)
     assert outcome.kind == "unresolved", outcome.evidence
     assert outcome.evidence["check"] == "verifier_timeout_caused_by_patch"
