@@ -305,10 +305,10 @@ async def _probe_engine(engine, calls: Sequence[LLMCall], segments) -> str | Non
     return None
 
 
-async def _probe_relay(sandbox: DockerSandbox) -> str | None:
-    probe = await asyncio.to_thread(
-        sandbox.exec, f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{RELAY_PORT}' 2>/dev/null && echo up", 10, None, "/")
-    return None if "up" in probe.output else f"the proxy relay on port {RELAY_PORT} does not answer"
+async def _probe_relay(sandbox: DockerSandbox, session_id: str) -> str | None:
+    """None when the proxy still answers for the session through the sandbox's relay; else what it said."""
+    status, answer = await asyncio.to_thread(sandbox.relay_status, RELAY_PORT, session_id)
+    return None if status == "200" else f"the proxy relay on port {RELAY_PORT} answered {answer[-200:] or 'nothing'!r}"
 
 
 # ---------------------------------------------------------------------------------------------- one rollout
@@ -364,7 +364,7 @@ async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResour
         termination = _terminate(adapter, session, run, result)
         if termination == TerminationReason.harness_crash:
             probe = await _probe_engine(guard.inner, calls, segments)
-            relay_error = await _probe_relay(sandbox) if spec.runs == "sandbox" and probe is None else None
+            relay_error = await _probe_relay(sandbox, session.id) if spec.runs == "sandbox" and probe is None else None
             attribution = attribute_crash(calls, list(session.internal_errors), probe, relay_error)
             trajectory.metadata["failure_attribution"] = attribution
             if attribution["by"] != "policy":

@@ -54,7 +54,8 @@ class KillWhileTestsRun(threading.Thread):
                 if container.name in self.killed:
                     continue
                 try:
-                    if any("lego_grade" in " ".join(process) for process in container.top()["Processes"]):
+                    # The grading runner's process (`ps` may cut the command line at 80 columns: its start is kept).
+                    if any("python3 -I " in " ".join(process) for process in container.top()["Processes"]):
                         container.kill()
                         self.killed.append(container.name)
                 except (APIError, NotFound):

@@ -394,27 +394,29 @@ base64 -w0 "$S/patch"
         started = self.exec(command, timeout=10, workdir="/", user=KEEPER_USER)
         if started.exit_code != 0:
             raise SandboxError(f"starting the proxy relay in {self.name} failed: {started.output[-300:]}")
-        # HTTP/1.0 by hand (bash's /dev/tcp): no dependency on what the task image ships besides bash.
-        probe = (f"exec 3<>/dev/tcp/127.0.0.1/{port} || exit 7; "
-                 f"printf 'GET /s/{session_id}/v1/models HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n' >&3; "
-                 "IFS= read -r -t 5 line <&3; echo \"STATUS $line\"")
         deadline = time.monotonic() + wait_s
-        answer = ""
         while True:
-            result = self.exec(probe, timeout=10, workdir="/")
-            answer = result.output.strip()
-            status = re.search(r"STATUS HTTP/\d(?:\.\d)? (\d{3})", answer)
-            if status and status.group(1) == "200":
+            status, answer = self.relay_status(port, session_id)
+            if status == "200":
                 return f"http://127.0.0.1:{port}"
-            if status:  # the proxy answered, and not with the session: waiting will not change that
-                break
-            if time.monotonic() > deadline:
+            if status or time.monotonic() > deadline:  # an answer other than 200 will not change by waiting
                 break
             time.sleep(0.1)
         log = self.exec(f"cat {RELAY_LOG}", timeout=5, workdir="/", user=KEEPER_USER).output[-300:]
         raise SandboxError(f"the proxy relay in {self.name} does not reach the proxy session: GET "
                            f"/s/<session>/v1/models through 127.0.0.1:{port} answered "
-                           f"{answer.removeprefix('STATUS ')[-200:] or 'nothing'!r}; relay log: {log!r}")
+                           f"{answer[-200:] or 'nothing'!r}; relay log: {log!r}")
+
+    def relay_status(self, port: int, session_id: str) -> tuple[str | None, str]:
+        """(HTTP status or None, the answer's first line) of `GET /s/<session_id>/v1/models` through the relay:
+        the proxy itself answering for this session, not just a port that accepts connections."""
+        # HTTP/1.0 by hand (bash's /dev/tcp): no dependency on what the task image ships besides bash.
+        probe = (f"exec 3<>/dev/tcp/127.0.0.1/{port} || exit 7; "
+                 f"printf 'GET /s/{session_id}/v1/models HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n' >&3; "
+                 "IFS= read -r -t 5 line <&3; echo \"STATUS $line\"")
+        answer = self.exec(probe, timeout=10, workdir="/").output.strip()
+        status = re.search(r"STATUS HTTP/\d(?:\.\d)? (\d{3})", answer)
+        return (status.group(1) if status else None), answer.removeprefix("STATUS ")
 
     def close(self) -> None:
         if self.closed:

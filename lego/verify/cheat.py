@@ -51,11 +51,6 @@ class FilePatch:
     def is_new(self) -> bool:
         return "\nnew file mode" in self.text or "\n--- /dev/null" in self.text
 
-    @property
-    def changed_lines(self) -> list[str]:
-        return [line[1:] for line in self.text.splitlines()
-                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-
 
 @dataclass
 class Screening:

@@ -40,12 +40,12 @@ from lego.sandbox.docker_sandbox import (
 )
 from lego.sandbox.task_image import ensure_task_image
 from lego.tasksets.task import Task
-from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff
+from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff, split_diff
+from lego.verify.runner.lego_grade import CONFIG_CANDIDATES, RESULT_MARKER
 
 RUNNER_DIR = Path(__file__).parent / "runner"
 RUNTIME_FILES = (RUNNER_DIR,)  # mounted, not imported (lego.pipeline.keys)
 RUNNER_MOUNT = "/opt/lego-grader"
-RESULT_MARKER = "LEGO_GRADE_RESULT "
 PYTEST_PREFIXES = ("python3 -m pytest", "python -m pytest", "pytest")
 RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
                       5: "no tests collected"}
@@ -78,7 +78,6 @@ class InfraFailure(Exception):
         self.check = check
         self.log = log
         self.exit_code = exit_code
-
 
 
 class TaskHasNoTests(LegoError):
@@ -120,10 +119,7 @@ def require_tests(task: Task) -> None:
 
 def _config_overlay(task: Task) -> str | None:
     """The test patch's hunks for pytest configuration files: the pristine side of the configuration check."""
-    from lego.verify.cheat import split_diff
-
-    names = {"pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg"}
-    parts = [part.text for part in split_diff(task.test_patch) if Path(part.path).name in names]
+    parts = [part.text for part in split_diff(task.test_patch) if Path(part.path).name in CONFIG_CANDIDATES]
     return "".join(parts) or None
 
 
@@ -285,7 +281,7 @@ class Verifier:
                            evidence={"check": f"termination:{trajectory.termination.value}",
                                      "error": trajectory.error,
                                      "attribution": trajectory.metadata.get("failure_attribution")})
-        limit = getattr(self.config, "max_patch_bytes", 4 << 20)
+        limit = self.config.max_patch_bytes
         if len(diff.encode("utf-8", errors="replace")) > limit:
             # Never graded in part, never transferred: a patch this large is the agent's doing.
             return Outcome(rollout_id, task.instance_id, OutcomeKind.unresolved,
@@ -296,8 +292,7 @@ class Verifier:
         attempts = self.config.infra_retries + 1
         for attempt in range(1, attempts + 1):
             try:
-                outcome = self._grade_once(task, diff, actions or [], taskset_root, rollout_id,
-                                           last_attempt=attempt == attempts)
+                outcome = self._grade_once(task, diff, actions or [], taskset_root, rollout_id)
             except InfraFailure as failure:
                 outcome = Outcome(rollout_id, task.instance_id, OutcomeKind.infra_error,
                                   evidence={"check": failure.check, "error": str(failure)},
@@ -318,7 +313,7 @@ class Verifier:
     # ------------------------------------------------------------------------------------------ steps
 
     def _grade_once(self, task: Task, diff: str, actions: list[str], taskset_root: Path | None,
-                    rollout_id: str, last_attempt: bool = True) -> Outcome:
+                    rollout_id: str) -> Outcome:
         image = ensure_task_image(self.client, task, self.base_image, taskset_root)
         screening = screen_diff(diff, task)
         evidence: dict = {
@@ -393,10 +388,10 @@ class Verifier:
             if applied.exit_code != 0:
                 raise InfraFailure("test_patch_does_not_apply",
                                    f"the task's test_patch does not apply {label}: {applied.output[-1500:]}")
+        env, pytest_args = pytest_command_of(task)
         spec = {"repo": task.environment.workdir, "pristine": SNAPSHOT, "test_files": test_files_of(task),
                 "fail_to_pass": list(task.FAIL_TO_PASS), "pass_to_pass": list(task.PASS_TO_PASS),
-                "patched_files": patched_files, "pytest_args": pytest_command_of(task)[1],
-                "env": pytest_command_of(task)[0],
+                "patched_files": patched_files, "pytest_args": pytest_args, "env": env,
                 "timeout_s": self.config.timeout_s, "isolate_fail_to_pass": True,
                 "config_overlay_patch": _config_overlay(task)}
         encoded = base64.b64encode(json.dumps(spec).encode()).decode()

@@ -14,6 +14,7 @@ prefixed with RESULT_MARKER, on the exec stream, which no child holds.
 from __future__ import annotations
 
 import base64
+import hashlib
 import importlib.util
 import json
 import os
@@ -144,8 +145,6 @@ def plugin_modules() -> list[str]:
 def protected_files(repo: str, test_args: list[str]) -> list[str]:
     """What defines the tests: the test files, every conftest.py, the pytest configuration files on their
     ancestor directories, and the bytecode caches beside the test files (a cached module is what gets run)."""
-    import hashlib  # noqa: F401 - loaded here, before any run, like everything the supervisor uses
-
     found: set[str] = set()
     for arg in test_args:
         path = os.path.join(repo, arg.split("::")[0])
@@ -167,8 +166,6 @@ def protected_files(repo: str, test_args: list[str]) -> list[str]:
 
 def file_state(paths: list[str]) -> dict[str, str]:
     """Content of each protected path (a directory: its entries and theirs); absent paths count as absent."""
-    import hashlib
-
     state: dict[str, str] = {}
     for path in paths:
         try:
@@ -357,6 +354,8 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
     graded = frozenset([*spec["fail_to_pass"], *spec["pass_to_pass"]])
     plugin, emit = plugin_module.make_plugin(channel, fingerprint, tamper, ctx["sources"], ctx["operand_ignored"],
                                              guard.keep_first, ctx["finder"], graded)
+    # The audit hook is inherited from the supervisor: in this run it reports through this run's channel.
+    tamper.report = lambda kind, detail: emit({"t": kind, "detail": detail})
     sys.dont_write_bytecode = True  # so that any bytecode cache appearing beside a test file is somebody's doing
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     os.environ.pop("PYTEST_ADDOPTS", None)
@@ -439,22 +438,6 @@ def main() -> None:
            "operand_ignored": operand_ignored}
     base_args = ["-p", "no:cacheprovider", "-rA", *sum((["-p", m] for m in report["plugins"]), []),
                  *spec.get("pytest_args", [])]
-
-    def emit_through_child_channel(kind: str, detail: str) -> None:
-        # Replaced in each child by its plugin's channel (the audit hook is process-wide and inherited).
-        channel = ctx.get("channel_emit")
-        if channel is not None:
-            channel({"t": kind, "detail": detail})
-
-    tamper.report = emit_through_child_channel
-    original_make = plugin_module.make_plugin
-
-    def make_plugin(*args, **kwargs):
-        plugin, emit = original_make(*args, **kwargs)
-        ctx["channel_emit"] = emit
-        return plugin, emit
-
-    plugin_module.make_plugin = make_plugin
     ctx["protected"] = protected_files(repo, test_args)
     ctx["protected_state"] = file_state(ctx["protected"])
     tamper.install()
