@@ -15,21 +15,21 @@ from flows.taskset import tasks_flow
 from flows.train import train_flow
 from flows.verify import verify_flow
 from lego.errors import LegoError
-from lego.pipeline.session import ITERATED, STAGES, PipelineSession
+from lego.pipeline.pipeline_run import ITERATED, STAGES, PipelineRun
 
 
-def _open(config: str, overrides: list[str] | None, **kwargs) -> PipelineSession:
+def _open(config: str, overrides: list[str] | None, **kwargs) -> PipelineRun:
     from lego.config import load_config
     from lego.workdir import WorkDir
 
     cfg = load_config(config, overrides or [])
     logger = get_run_logger()
-    return PipelineSession(cfg, WorkDir.create(cfg.project.work_dir), log=logger.info, **kwargs)
+    return PipelineRun(cfg, WorkDir.create(cfg.project.work_dir), log=logger.info, **kwargs)
 
 
-def run_stages(session: PipelineSession) -> None:
-    config = session.config
-    run_id = session.run_id
+def run_stages(run: PipelineRun) -> None:
+    config = run.config
+    run_id = run.run_id
     tasks_flow(run_id)
     if config.filter.enabled:
         filter_flow(run_id)
@@ -44,32 +44,32 @@ def run_stages(session: PipelineSession) -> None:
             evaluate_flow(run_id, iteration)
 
 
-def summarize(session: PipelineSession) -> dict[str, Any]:
-    manifest = session.manifest
+def summarize(run: PipelineRun) -> dict[str, Any]:
+    manifest = run.manifest
     stages = {label: {"cached": r.cached, "seconds": r.seconds, "key": r.key, "path": r.path}
               for label, r in manifest.stages.items()}
     evaluations = {label: r.metrics for label, r in manifest.stages.items() if r.stage == "evaluate"}
-    return {"run_id": session.run_id, "stages": stages, "evaluations": evaluations,
+    return {"run_id": run.run_id, "stages": stages, "evaluations": evaluations,
             "served_from_cache": sorted(label for label, r in manifest.stages.items() if r.cached),
             "computed": sorted(label for label, r in manifest.stages.items() if not r.cached)}
 
 
-def _finish(session: PipelineSession, body) -> dict[str, Any]:
+def _finish(run: PipelineRun, body) -> dict[str, Any]:
     try:
         body()
     except BaseException as exc:
-        session.finish("failed", {"error": f"{type(exc).__name__}: {exc}"})
+        run.finish("failed", {"error": f"{type(exc).__name__}: {exc}"})
         raise
-    summary = summarize(session)
-    session.finish("completed", summary)
+    summary = summarize(run)
+    run.finish("completed", summary)
     return summary
 
 
 @flow(name="lego-pipeline")
 def pipeline_flow(config: str = "default", overrides: list[str] | None = None, run_id: str | None = None,
                   resume: bool = False, force: bool = False) -> dict[str, Any]:
-    session = _open(config, overrides, run_id=run_id, resume=resume, force=force)
-    return _finish(session, lambda: run_stages(session))
+    run = _open(config, overrides, run_id=run_id, resume=resume, force=force)
+    return _finish(run, lambda: run_stages(run))
 
 
 STAGE_FLOWS = {"tasks": tasks_flow, "filter": filter_flow, "verify": verify_flow, "dataset": dataset_flow,
@@ -82,17 +82,17 @@ def stage_flow(stage: str, config: str = "default", overrides: list[str] | None 
     """Rerun one stage with the current config on top of `from_run`'s recorded artifacts (a new run id)."""
     if stage not in STAGES:
         raise LegoError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
-    session = _open(config, overrides, from_run=from_run, force=force)
+    run = _open(config, overrides, from_run=from_run, force=force)
 
     def body() -> None:
         if stage == "rollout":
-            rollout_flow_for(session.config)(session.run_id, iteration)
+            rollout_flow_for(run.config)(run.run_id, iteration)
         elif stage in ITERATED:
-            STAGE_FLOWS[stage](session.run_id, iteration)
+            STAGE_FLOWS[stage](run.run_id, iteration)
         else:
-            STAGE_FLOWS[stage](session.run_id)
+            STAGE_FLOWS[stage](run.run_id)
 
-    summary = _finish(session, body)
+    summary = _finish(run, body)
     label = stage if stage not in ITERATED else f"{stage}/{iteration}"
     summary["stage"] = summary["stages"].get(label)
     return summary

@@ -2,19 +2,19 @@ from prefect import flow
 
 from flows.task_runner import make_task_runner
 from lego.pipeline.artifacts import StageResult
+from lego.pipeline.pipeline_run import get_run
 from lego.pipeline.rollout_stage import shard
-from lego.pipeline.session import get_session
 from tasks.stages import rollout_finish_task, rollout_plan_task, rollout_shard_task
 
 
 @flow(name="lego-stage-rollout")
 def rollout_flow(run_id: str, iteration: int = 0) -> StageResult:
-    session = get_session(run_id)
+    run = get_run(run_id)
     plan = rollout_plan_task(run_id, iteration)
     if plan.cached is None and plan.pending:
-        config_json = session.config.model_dump_json()
-        futures = [rollout_shard_task.submit(config_json, str(session.work.root), run_id, plan, part)
-                   for part in shard(plan.pending, session.config.pipeline.rollout_shards)]
+        config_json = run.config.model_dump_json()
+        futures = [rollout_shard_task.submit(config_json, str(run.work.root), run_id, plan, part)
+                   for part in shard(plan.pending, run.config.pipeline.rollout_shards)]
         for future in futures:
             future.result()
     return rollout_finish_task(run_id, plan)

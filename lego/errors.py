@@ -27,3 +27,12 @@ class ModelError(LegoError):
 
 class NotBuiltYetError(LegoError):
     """A pipeline command whose stage is not implemented yet."""
+
+
+ERROR_TAIL_CHARS = 2000  # how much of a failing command's output or an error's text a message or record keeps
+
+
+def tail(text: str, limit: int = ERROR_TAIL_CHARS) -> str:
+    """The end of `text` (where a failing command says why), at most `limit` characters: the one cut used for
+    error texts in messages, records and evidence."""
+    return text[-limit:] if len(text) > limit else text

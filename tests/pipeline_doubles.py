@@ -23,7 +23,7 @@ _stored = 0
 
 
 class DoubleRunner:
-    def rollout(self, ctx, tasks, requests, policy, *, stage, iteration, writer, taskset_root) -> None:
+    def rollout(self, ctx, tasks, requests, policy, *, stage, iteration, writer) -> None:
         global _stored
         kill_after = int(os.environ.get("LEGO_DOUBLE_KILL_AFTER", "0") or 0)
         spec = ctx.config.model.init
@@ -47,7 +47,7 @@ class DoubleRunner:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     @contextlib.contextmanager
-    def grader(self, ctx, taskset_root):
+    def grader(self, ctx):
         def grade(task, trajectory) -> Outcome:
             digest = int(hashlib.sha256(trajectory.rollout_id.encode()).hexdigest()[:8], 16)
             kind = OutcomeKind.resolved if digest % 2 == 0 else OutcomeKind.unresolved

@@ -60,11 +60,11 @@ def gold_script(harness: str, task: Task) -> list[str]:
     raise ValueError(harness)
 
 
-def bundled_task(instance_id: str = "lego-bundled__unitconv-1") -> tuple[Task, object]:
-    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+def bundled_task(instance_id: str = "lego-bundled__unitconv-1") -> Task:
+    from lego.tasksets.load import load_tasks
 
     tasks = {task.instance_id: task for task in load_tasks("bundled").tasks}
-    return tasks[instance_id], BUNDLED_DIR
+    return tasks[instance_id]
 
 
 def installed(name: str):
@@ -81,12 +81,11 @@ def installed(name: str):
 
 
 @contextlib.asynccontextmanager
-async def worker(config, work_dir, docker_engine, base_image, engine, harness: str, taskset_root=None):
-    from lego.rollout import rollout_resources
+async def worker(config, work_dir, docker_engine, base_image, engine, harness: str):
+    from lego.rollout.resources import rollout_resources
 
     async with rollout_resources(config, work_dir, engine, harness=harness, docker_client=docker_engine.client,
-                                 docker_host=docker_engine.base_url, base_image=base_image,
-                                 taskset_root=taskset_root) as pair:
+                                 docker_host=docker_engine.base_url, base_image=base_image) as pair:
         yield pair
 
 

@@ -36,16 +36,16 @@ def random_engine(tiny_model_path):
 
 @pytest.mark.parametrize("harness", sorted(EXPECTED))
 def test_random_policy_rollout(harness, lego_config, work_dir, docker_engine, base_image, random_engine):
-    from lego.rollout import run_rollout
+    from lego.rollout.attempt import run_rollout
     from lego.sandbox.docker_sandbox import LABEL
 
     installed(harness)
-    task, root = bundled_task()
+    task = bundled_task()
     config = with_overrides(lego_config, harness={"name": harness, "max_turns": 2, "timeout_s": 180},
                             sampling={"max_tokens": 12})
 
     async def go():
-        async with worker(config, work_dir, docker_engine, base_image, random_engine, harness, root) as (adapter, res):
+        async with worker(config, work_dir, docker_engine, base_image, random_engine, harness) as (adapter, res):
             trajectory = await run_rollout(task, adapter, resources=res, config=config,
                                            rollout_id=f"random-{harness}")
             return trajectory, res.proxy._sessions

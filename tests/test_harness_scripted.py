@@ -36,22 +36,22 @@ def scorer(tiny_model_path):
 def solve(harness, lego_config, work_dir, docker_engine, base_image, scorer, script=None):
     from lego.engine.scripted import ScriptedEngine
     from lego.engine.tokenizer import load_tokenizer
-    from lego.rollout import run_rollout
+    from lego.rollout.attempt import run_rollout
 
     installed(harness)
-    task, root = bundled_task()
+    task = bundled_task()
     config = with_overrides(lego_config, harness={"name": harness, "max_turns": 6, "timeout_s": 240},
                             sampling={"max_tokens": 2048})
     engine = ScriptedEngine(scorer, load_tokenizer(), script or gold_script(harness, task))
 
     async def go():
-        async with worker(config, work_dir, docker_engine, base_image, engine, harness, root) as (adapter, res):
+        async with worker(config, work_dir, docker_engine, base_image, engine, harness) as (adapter, res):
             return await run_rollout(task, adapter, resources=res, config=config, rollout_id=f"scripted-{harness}")
 
-    return task, root, asyncio.run(go())
+    return task, asyncio.run(go())
 
 
-def check_solved(task, root, trajectory, docker_engine, base_image, lego_config):
+def check_solved(task, trajectory, docker_engine, base_image, lego_config):
     from lego.verify.grader import Verifier
 
     assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-3000:]
@@ -62,13 +62,13 @@ def check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
     assert trajectory.timings["sandbox_setup_s"] > 0 and trajectory.timings["model_s"] > 0
     assert trajectory.metadata["transcripts"], "the harness transcript was kept"
     outcome = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify).verify(
-        task, trajectory, taskset_root=root)
+        task, trajectory)
     assert outcome.kind.value == "resolved", outcome
 
 
 def test_mini_swe_agent_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
-    task, root, trajectory = solve("mini-swe-agent", lego_config, work_dir, docker_engine, base_image, scorer)
-    check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
+    task, trajectory = solve("mini-swe-agent", lego_config, work_dir, docker_engine, base_image, scorer)
+    check_solved(task, trajectory, docker_engine, base_image, lego_config)
     assert [call.protocol for call in trajectory.calls] == ["openai_chat", "openai_chat"]
     assert [call.kind for call in trajectory.calls] == ["start", "extend"]
     # The verifier's actions are the commands mini ran, read back from its trajectory.
@@ -78,22 +78,22 @@ def test_mini_swe_agent_solves_a_task(lego_config, work_dir, docker_engine, base
 def test_looking_at_git_history_is_not_a_cheat(lego_config, work_dir, docker_engine, base_image, scorer):
     from lego.verify.grader import Verifier
 
-    task, _ = bundled_task()
+    task = bundled_task()
     script = ["Let me look at the history.\n" + tool_call("bash", {"command": "git log --all --oneline | head -5"}),
               *gold_script("mini-swe-agent", task)]
-    task, root, trajectory = solve("mini-swe-agent", lego_config, work_dir, docker_engine, base_image, scorer,
+    task, trajectory = solve("mini-swe-agent", lego_config, work_dir, docker_engine, base_image, scorer,
                                    script)
     assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-3000:]
     assert trajectory.metadata["actions"][0] == "git log --all --oneline | head -5"
     outcome = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify).verify(
-        task, trajectory, taskset_root=root)
+        task, trajectory)
     # The sandbox's history is the base commit alone: the look reveals nothing, so the fix is graded as a fix.
     assert outcome.kind.value == "resolved" and outcome.cheat_rules == [], outcome
 
 
 def test_claude_code_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
-    task, root, trajectory = solve("claude-code", lego_config, work_dir, docker_engine, base_image, scorer)
-    check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
+    task, trajectory = solve("claude-code", lego_config, work_dir, docker_engine, base_image, scorer)
+    check_solved(task, trajectory, docker_engine, base_image, lego_config)
     assert {call.protocol for call in trajectory.calls} == {"anthropic_messages"}
     assert trajectory.num_turns == 2
     assert trajectory.metadata["actions"] == [gold_command(task)]  # its Bash tool_use, from the session JSONL
@@ -101,8 +101,8 @@ def test_claude_code_solves_a_task(lego_config, work_dir, docker_engine, base_im
 
 def test_openhands_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
     # Its script looks with the terminal and fixes with the file editor: both must act inside the sandbox.
-    task, root, trajectory = solve("openhands", lego_config, work_dir, docker_engine, base_image, scorer)
-    check_solved(task, root, trajectory, docker_engine, base_image, lego_config)
+    task, trajectory = solve("openhands", lego_config, work_dir, docker_engine, base_image, scorer)
+    check_solved(task, trajectory, docker_engine, base_image, lego_config)
     assert {call.protocol for call in trajectory.calls} == {"openai_chat"}
     actions = trajectory.metadata["actions"]
     assert actions[0] == "git status --short && pwd" and actions[1].startswith("file_editor ")
@@ -117,7 +117,7 @@ def test_openhands_file_editor_paths_never_reach_the_host(lego_config, work_dir,
     import uuid
 
     name = f"lego-escape-{uuid.uuid4().hex}.txt"
-    task, _ = bundled_task()
+    task = bundled_task()
     escape = f"{task.environment.workdir}/" + "../" * 16 + f"tmp/{name}"
     script = ["I will write a note.\n" + tool_call("file_editor", {"command": "create", "path": escape,
                                                                     "file_text": "escaped\n"}),

@@ -38,7 +38,7 @@ def changed_by(root: Path, stage: str, relative: str, text: str = "\n# edited\n"
 
 def test_rollout_runs_the_records_writer_and_config():
     files = stage_files("rollout")
-    for needed in ("lego/records.py", "lego/data/writer.py", "lego/config.py", "lego/rollout.py",
+    for needed in ("lego/records.py", "lego/data/writer.py", "lego/config.py", "lego/rollout/attempt.py", "lego/rollout/batch.py",
                    "lego/pipeline/rollout_stage.py", "lego/pipeline/attempts.py", "lego/pipeline/__init__.py",
                    "lego/__init__.py", "lego/harness/mini_swe_agent.py",  # named by string in the registry
                    "lego/harness/runners/mini_swe_agent_runner.py",  # its RUNTIME_FILES
@@ -56,7 +56,7 @@ def test_grading_stages_count_the_mounted_runner(stage):
 
 
 @pytest.mark.parametrize(("stage", "inside", "outside"), [
-    ("tasks", "lego/tasksets/load.py", "lego/rollout.py"),
+    ("tasks", "lego/tasksets/load.py", "lego/rollout/attempt.py"),
     ("filter", "lego/verify/cheat.py", "lego/train/trainer.py"),
     ("rollout", "lego/records.py", "lego/pipeline/verify_stage.py"),
     ("rollout", "lego/data/writer.py", "lego/evaluate/report.py"),

@@ -264,7 +264,8 @@ def rollout(harness, engine, lego_config, docker_engine, base_image, calc_task, 
     from rollout_helpers import with_overrides
 
     from lego.proxy.server import ProxyServer
-    from lego.rollout import RolloutResources, run_rollout
+    from lego.rollout.attempt import run_rollout
+    from lego.rollout.resources import RolloutResources
     from lego.sandbox.docker_sandbox import DockerSandboxFactory
 
     config = with_overrides(lego_config, rollout={"infra_retries": retries}, harness={"timeout_s": 120})
@@ -278,8 +279,8 @@ def rollout(harness, engine, lego_config, docker_engine, base_image, calc_task, 
         await proxy.start()
         try:
             resources = RolloutResources(proxy=proxy, factory=DockerSandboxFactory(docker_engine.client, config.sandbox,
-                                                                                   reap=False),
-                                         base_image=base_image, docker_host=docker_engine.base_url,
+                                                                                   reap=False, base_image=base_image),
+                                         docker_host=docker_engine.base_url,
                                          install_dir=tmp_path)
             return await run_rollout(calc_task, harness, resources=resources, config=config,
                                      rollout_id=f"redteam-{os.getpid()}-{time.monotonic_ns()}")
@@ -406,7 +407,7 @@ def call(index: int, *, error: str | None = None, tokens: int = 5, kind: str = "
     ([call(0, kind="start"), call(1)], [], None, None, "policy", "harness_crash_caused_by_policy"),
 ])
 def test_harness_crash_attribution(calls, proxy_errors, probe, relay, by, check):
-    from lego.rollout import attribute_crash
+    from lego.rollout.failures import attribute_crash
 
     attribution = attribute_crash(calls, proxy_errors, probe, relay)
     assert (attribution["by"], attribution["check"]) == (by, check)

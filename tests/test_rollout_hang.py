@@ -40,15 +40,15 @@ def test_a_hanging_harness_times_out_and_leaks_nothing(harness, lego_config, wor
     from lego.verify import Verifier
 
     installed(harness)
-    task, root = bundled_task()
+    task = bundled_task()
     config = with_overrides(lego_config, harness={"name": harness, "max_turns": 3, "timeout_s": 30},
                             rollout={"infra_retries": 0})
     engine = SilentEngine()
 
     async def go():
-        from lego.rollout import run_rollout
+        from lego.rollout.attempt import run_rollout
 
-        async with worker(config, work_dir, docker_engine, base_image, engine, harness, root) as (adapter, res):
+        async with worker(config, work_dir, docker_engine, base_image, engine, harness) as (adapter, res):
             trajectory = await run_rollout(task, adapter, resources=res, config=config, rollout_id=f"hang-{harness}")
             return trajectory, dict(res.proxy._sessions)
 

@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from rollout_helpers import bundled_task, installed, tool_call, with_overrides, worker
 
@@ -21,44 +22,46 @@ from lego.records import TerminationReason
 pytestmark = pytest.mark.docker
 
 STAGE_SCRIPT = textwrap.dedent("""
-    import asyncio, json, sys
-    import docker
+    import json, sys
     from lego.config import load_config
-    from lego.engine.transformers_engine import TransformersEngine
-    from lego.rollout import run_rollout_stage
-    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.pipeline.artifacts import StageContext
+    from lego.pipeline.attempts import run_attempts, stored_rollout_ids
+    from lego.pipeline.policy import Policy
+    from lego.pipeline.runners import RealRunner
+    from lego.tasksets.load import load_tasks
     from lego.workdir import WorkDir
 
     args = json.loads(sys.argv[1])
     config = load_config("test", args["overrides"])
     tasks = [t for t in load_tasks("bundled").tasks if t.instance_id in args["tasks"]]
-    engine = TransformersEngine(args["model"], dtype="bfloat16", max_context=32768)
-    result = asyncio.run(run_rollout_stage(
-        tasks, config, WorkDir.create(args["work"]), engine, "stage-test", 0, taskset_root=BUNDLED_DIR,
-        docker_client=docker.DockerClient(base_url=args["docker"]), docker_host=args["docker"],
-        base_image=args["base_image"], progress=False))
-    print("STAGE", json.dumps({"new": [t.rollout_id for t in result.trajectories], "skipped": result.skipped}))
+    ctx = StageContext(config=config, work=WorkDir.create(args["work"]), run_id="stage-test", runner=RealRunner())
+    before = stored_rollout_ids(ctx, "stage-test", "rollout", 0)
+    ids = run_attempts(ctx, tasks, Policy.from_path(args["model"]), samples=2, data_run_id="stage-test",
+                       stage="rollout", iteration=0)
+    after = stored_rollout_ids(ctx, "stage-test", "rollout", 0)
+    print("STAGE", json.dumps({"new": sorted(after - before), "skipped": sorted(before & set(ids))}))
 """)
 
 
 def test_rollout_ids_are_deterministic_and_distinct():
-    from lego.rollout import rollout_id
+    from lego.rollout.requests import rollout_id
 
-    assert rollout_id("run", 0, "task", 1) == rollout_id("run", 0, "task", 1)
-    ids = {rollout_id(run, it, task, s) for run in ("a", "b") for it in (0, 1) for task in ("t1", "t2")
+    assert rollout_id("run.i0", "task", 1) == rollout_id("run.i0", "task", 1)
+    ids = {rollout_id(f"{run}.i{it}", task, s) for run in ("a", "b") for it in (0, 1) for task in ("t1", "t2")
            for s in (0, 1)}
     assert len(ids) == 16
 
 
 def test_sigkill_mid_stage_then_rerun_loses_and_duplicates_nothing(tmp_path, docker_engine, base_image,
                                                                    tiny_model_path):
-    from lego.rollout import persisted_rollout_ids, rollout_id
+    from lego.rollout.requests import rollout_id
     from lego.sandbox.docker_sandbox import LABEL, DockerSandboxFactory
 
     installed("mini-swe-agent")
     tasks = ["lego-bundled__unitconv-1", "lego-bundled__unitconv-2"]
     args = {"overrides": ["harness.name=mini-swe-agent", "harness.max_turns=1", "sampling.max_tokens=8",
-                          "rollout.samples_per_task=2", "rollout.concurrency=1"],
+                          "rollout.samples_per_task=2", "rollout.concurrency=1", "engine.dtype=bfloat16",
+                          f"docker.host={docker_engine.base_url}"],
             "tasks": tasks, "model": str(tiny_model_path), "work": str(tmp_path / "work"),
             "docker": docker_engine.base_url, "base_image": base_image}
     script = tmp_path / "stage.py"
@@ -73,16 +76,15 @@ def test_sigkill_mid_stage_then_rerun_loses_and_duplicates_nothing(tmp_path, doc
     time.sleep(1.0)  # let the next rollout start: its sandbox is alive when the process dies
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    survivors = persisted_rollout_ids(data_dir)
+    survivors = {row for path in data_dir.glob("rollouts-*.parquet")
+                 for row in pq.read_table(path, columns=["rollout_id"]).column("rollout_id").to_pylist()}
     assert 1 <= len(survivors) < 4
     second = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     report = json.loads(second.stdout.split("STAGE ", 1)[1])
     assert set(report["skipped"]) == survivors
     assert not set(report["new"]) & survivors
-    expected = {rollout_id("stage-test", 0, task, sample) for task in tasks for sample in range(2)}
-    import pyarrow.parquet as pq
-
+    expected = {rollout_id("stage-test", task, sample) for task in tasks for sample in range(2)}
     rows = [row for path in data_dir.glob("rollouts-*.parquet")
             for row in pq.read_table(path, columns=["rollout_id"]).column("rollout_id").to_pylist()]
     assert sorted(rows) == sorted(expected)  # every rollout once: none lost, none twice
@@ -99,12 +101,11 @@ def test_sandbox_reaches_only_its_own_session_and_no_network(lego_config, work_d
     from lego.engine.scripted import ScriptedEngine
     from lego.engine.tokenizer import load_tokenizer
     from lego.engine.transformers_engine import TransformersEngine
-    from lego.rollout import RELAY_PORT, run_rollout
+    from lego.rollout.attempt import RELAY_PORT, run_rollout
     from lego.sandbox.docker_sandbox import KEEPER_UID
-    from lego.sandbox.task_image import ensure_task_image
 
     installed("mini-swe-agent")
-    task, root = bundled_task()
+    task = bundled_task()
     probe = ("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 443), 3)\" "
              "|| echo NETWORK-BLOCKED; curl -sS -m 3 https://pypi.org 2>&1 || echo CURL-BLOCKED")
     script = [tool_call("bash", {"command": probe}),
@@ -115,19 +116,18 @@ def test_sandbox_reaches_only_its_own_session_and_no_network(lego_config, work_d
     engine = ScriptedEngine(scorer, load_tokenizer(), script)
 
     async def go():
-        async with worker(config, work_dir, docker_engine, base_image, engine, "mini-swe-agent", root) as (ad, res):
+        async with worker(config, work_dir, docker_engine, base_image, engine, "mini-swe-agent") as (ad, res):
             trajectory = await run_rollout(task, ad, resources=res, config=config, rollout_id="net-probe")
             # A sandbox with the relay, as sandbox harnesses get it: its own session answers, others do not.
-            image = ensure_task_image(docker_engine.client, task, base_image, root)
             mine = res.proxy.open_session(own_socket=True, socket_uid=KEEPER_UID)
             other = res.proxy.open_session()
             res.proxy.close_session(other.id)
-            statuses, outside = await asyncio.to_thread(probe_relay, res, image, mine.id, other.id)
+            statuses, outside = await asyncio.to_thread(probe_relay, res, mine.id, other.id)
             return trajectory, statuses, outside
 
-    def probe_relay(res, image, mine_id, other_id):
+    def probe_relay(res, mine_id, other_id):
         socket = res.proxy.session_socket(mine_id)
-        with res.factory.open(image, proxy_socket_dir=socket.parent) as sandbox:
+        with res.factory.open_task(task, purpose="relay-probe", proxy_socket_dir=socket.parent) as sandbox:
             relay = sandbox.start_proxy_relay(socket.name, RELAY_PORT, mine_id)
             statuses = {}
             for name, sid in (("mine", mine_id), ("closed", other_id), ("guess", "x" * 32)):

@@ -100,6 +100,16 @@ def iter_trajectories(catalog: Catalog, run_id: str | None = None, stage: str | 
         yield from _trajectories_of_file(rollouts_file, batch_size)
 
 
+def iter_trajectory_headers(catalog: Catalog, run_id: str | None = None, stage: str | None = None,
+                            iteration: int | None = None) -> Iterator[Trajectory]:
+    """Every stored trajectory without its token data (no segments, no calls, no harness log): the final diff,
+    termination, error and metadata, which is all grading reads. Only the rollouts files are opened."""
+    columns = [name for name in SCHEMAS["rollouts"].names if name != "harness_log"]
+    for rollouts_file in catalog.files("rollouts", run_id, stage, iteration):
+        for row in pq.read_table(rollouts_file, columns=columns, schema=SCHEMAS["rollouts"]).to_pylist():
+            yield codec.trajectory_from_row({**row, "harness_log": ""}, [], [])
+
+
 def read_trajectories(catalog: Catalog, rollout_ids: Sequence[str], run_id: str | None = None) -> list[Trajectory]:
     """Chosen trajectories (all in memory), in the order of `rollout_ids`."""
     wanted = pc.field("rollout_id").isin(list(rollout_ids))

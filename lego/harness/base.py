@@ -2,7 +2,7 @@
 
 An adapter never runs anything itself: it says how the harness is installed (once per machine, cached), where it
 runs, and for one task which command, environment and files to use and how to read the way it ended. The rollout
-(lego/rollout.py) does the running, so every harness gets the same sandbox, timeouts, turn guard and cleanup.
+(lego/rollout/) does the running, so every harness gets the same sandbox, timeouts, turn guard and cleanup.
 
 Where a harness runs:
 - `sandbox`: a CLI agent (a native binary from npm) runs inside the task's container, acting on its files; its

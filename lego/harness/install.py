@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lego.cache import cache_dir
+from lego.errors import tail
 from lego.harness.base import HarnessAdapter, HarnessError, resolve_version
 
 MARKER = ".lego-installed"
@@ -53,7 +54,7 @@ def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> No
         raise HarnessError(f"{what}: timed out after {INSTALL_TIMEOUT_S}s ({' '.join(command)})") from exc
     if result.returncode != 0:
         raise HarnessError(f"{what} failed (exit {result.returncode}): {' '.join(command)}\n"
-                           f"{(result.stdout + result.stderr)[-3000:]}")
+                           f"{tail(result.stdout + result.stderr)}")
 
 
 def _runs_as(binary: str, version: str) -> bool:

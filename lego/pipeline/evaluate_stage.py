@@ -11,8 +11,8 @@ from lego.data.writer import DatasetWriter
 from lego.evaluate.report import summarize_outcomes
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
 from lego.pipeline.attempts import attempt_and_grade
+from lego.pipeline.policy import Policy
 from lego.pipeline.rollout_stage import rollout_settings
-from lego.pipeline.runners import Policy
 from lego.pipeline.verify_stage import grading_settings, write_outcomes
 
 STAGE = "evaluate"

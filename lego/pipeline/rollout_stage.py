@@ -18,10 +18,11 @@ from lego.pipeline.artifacts import (
     load_result,
     run_cached,
 )
-from lego.pipeline.attempts import check_complete, pending_requests, rollout_requests
+from lego.pipeline.attempts import check_complete, pending_requests
 from lego.pipeline.keys import code_version, key_of
-from lego.pipeline.runners import Policy, RolloutRequest
+from lego.pipeline.policy import Policy
 from lego.pipeline.taskset_stage import read_tasks
+from lego.rollout.requests import RolloutRequest, rollout_requests
 from lego.tasksets.task import Task
 
 STAGE = "rollout"
@@ -43,22 +44,19 @@ class RolloutPlan:
     tasks: list[Task]
     requests: list[RolloutRequest]
     pending: list[RolloutRequest]
-    taskset_root: Path | None
     policy: Policy
     iteration: int
     cached: StageResult | None = None
 
 
-def plan_rollouts(ctx: StageContext, task_list: StageResult, tasks_result: StageResult, policy: Policy,
-                  iteration: int) -> RolloutPlan:
+def plan_rollouts(ctx: StageContext, task_list: StageResult, policy: Policy, iteration: int) -> RolloutPlan:
     """`task_list`: the filter result (kept tasks) or the tasks result (train tasks)."""
     tasks = read_tasks(task_list.outputs.get("kept_tasks") or task_list.outputs["train_tasks"])
     inputs = {"task_list": task_list.key, "policy": policy.key, "rollout": ctx.config.section_dict("rollout"),
               **rollout_settings(ctx)}
     key = key_of({"stage": STAGE, "iteration": iteration, "code": code_version(STAGE), **inputs})
     data_run_id = f"rollout-{key[:16]}"
-    root = tasks_result.data.get("taskset_root")
-    plan = RolloutPlan(key, data_run_id, inputs, tasks, [], [], Path(root) if root else None, policy, iteration)
+    plan = RolloutPlan(key, data_run_id, inputs, tasks, [], [], policy, iteration)
     if not ctx.force:
         plan.cached = load_result(ctx.work, STAGE, key)
         if plan.cached is not None:

@@ -13,7 +13,7 @@ from lego.data.catalog import Catalog
 from lego.data.writer import DatasetWriter
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
 from lego.pipeline.dataset_stage import read_advantages
-from lego.pipeline.runners import Policy
+from lego.pipeline.policy import Policy
 
 STAGE = "train"
 

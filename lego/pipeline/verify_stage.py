@@ -42,18 +42,15 @@ def write_outcomes(path: Path, outcomes: list[Outcome]) -> Path:
     return path
 
 
-def run_verify_stage(ctx: StageContext, rollout: StageResult, task_list: StageResult,
-                     tasks_result: StageResult) -> StageResult:
+def run_verify_stage(ctx: StageContext, rollout: StageResult, task_list: StageResult) -> StageResult:
     iteration = rollout.iteration or 0
     inputs = {"rollout": rollout.key, **grading_settings(ctx)}
 
     def compute(directory: Path) -> StageOutput:
         tasks = read_tasks(task_list.outputs.get("kept_tasks") or task_list.outputs["train_tasks"])
-        root = tasks_result.data.get("taskset_root")
         outcome_stage = f"verify-{directory.name[:8]}"
         outcomes = grade_attempts(ctx, tasks, data_run_id=rollout.data["data_run_id"], rollout_stage="rollout",
-                                  outcome_stage=outcome_stage, iteration=iteration,
-                                  taskset_root=Path(root) if root else None)
+                                  outcome_stage=outcome_stage, iteration=iteration)
         return StageOutput(metrics=outcome_metrics(outcomes),
                            outputs={"outcomes": write_outcomes(directory / "outcomes.json", outcomes)},
                            data={"data_run_id": rollout.data["data_run_id"], "outcome_stage": outcome_stage})

@@ -33,7 +33,7 @@ from pathlib import Path
 import docker
 from docker.errors import DockerException
 
-from lego.errors import DockerUnavailableError
+from lego.errors import DockerUnavailableError, tail
 
 DEFAULT_SOCKETS = ("unix:///var/run/docker.sock", "unix:///run/docker.sock")
 START_TIMEOUT_S = 60.0
@@ -256,10 +256,10 @@ class PrivateDockerd:
             if ping(self.base_url, timeout=2):
                 return
             time.sleep(0.3)
-        tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+        log_tail = tail(self.log.read_text(errors="replace")) if self.log.exists() else ""
         self.stop()
         raise DockerUnavailableError(
-            f"a private dockerd did not answer within {START_TIMEOUT_S:.0f}s; its log ({self.log}) ends with:\n{tail}"
+            f"a private dockerd did not answer within {START_TIMEOUT_S:.0f}s; its log ({self.log}) ends with:\n{log_tail}"
         )
 
     def stop(self, timeout: float = 30.0) -> bool:

@@ -28,13 +28,17 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
 
 from lego.config import SandboxConfig
-from lego.errors import LegoError
-from lego.sandbox import ExecResult
+from lego.errors import tail
+from lego.sandbox import ContainerDied, ExecResult, SandboxError
+
+if TYPE_CHECKING:
+    from lego.tasksets.task import Task
 
 LABEL = "lego.sandbox"
 AGENT_UID = 1000  # runs every exec by default: the harness, its tool calls, the tests, the verifier
@@ -79,14 +83,6 @@ for _ in range(200):
             pass
 print("reclaimed")
 """
-
-
-class SandboxError(LegoError):
-    """The sandbox itself failed (container died, daemon error): an infrastructure failure, never the agent's."""
-
-
-class ContainerDied(SandboxError):
-    """The container stopped while a command ran in it (killed, OOM-killed as a whole, daemon restart)."""
 
 
 def _close_all() -> None:
@@ -152,6 +148,10 @@ class DockerSandbox:
     @property
     def name(self) -> str:
         return self.container.name
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.container.id
 
     def __enter__(self) -> DockerSandbox:
         return self
@@ -231,7 +231,7 @@ class DockerSandbox:
         # like a signal, give the engine a moment to say whether the whole container went down.
         by_signal = exit_code < 0 or exit_code >= 128
         if not self.is_running() or (by_signal and self._stops_within(2.0)):
-            raise ContainerDied(f"container {self.name} died during exec (exit code {exit_code}): {output[-500:]}")
+            raise ContainerDied(f"container {self.name} died during exec (exit code {exit_code}): {tail(output)}")
         timed_out = hard_timeout or (exit_code in (124, 137) and duration >= timeout - 0.5)
         return ExecResult(int(exit_code), output, timed_out=timed_out, truncated=state["truncated"],
                           duration_s=duration)
@@ -256,14 +256,14 @@ class DockerSandbox:
             result = self.exec(f"mkdir -p \"$(dirname {quoted})\" && printf %s {shlex.quote(part)} | base64 -d "
                                f"{redirect} {quoted}", timeout=60, workdir="/")
             if result.exit_code != 0:
-                raise SandboxError(f"writing {path} in {self.name} failed: {result.output[-500:]}")
+                raise SandboxError(f"writing {path} in {self.name} failed: {tail(result.output)}")
             first = False
         self.exec(f"chmod {mode:o} {quoted}", timeout=30, workdir="/")
 
     def get_file(self, path: str) -> bytes:
         result = self.exec(f"base64 -w0 {shlex.quote(path)}", timeout=60, workdir="/", output_limit=256 << 20)
         if result.exit_code != 0:
-            raise FileNotFoundError(f"{path} in {self.name}: {result.output.strip()[-300:]}")
+            raise FileNotFoundError(f"{path} in {self.name}: {tail(result.output.strip())}")
         return base64.b64decode(result.output)
 
     def diff(self, max_bytes: int | None = None) -> str:
@@ -357,13 +357,13 @@ base64 -w0 "$S/patch"
                 raise PatchTooLarge(f"the diff in {self.name} is over the cap of {cap} bytes once decoded", cap)
             return patch
         error = (f"exit {result.exit_code}{' (timed out)' if result.timed_out else ''}"
-                 f"{' (output truncated)' if result.truncated else ''}: {result.output[-800:]}")
+                 f"{' (output truncated)' if result.truncated else ''}: {tail(result.output)}")
         control, _, control_result = take(SNAPSHOT)
         if control in ("ok", "too_large"):
             raise DiffBrokenByAgent(f"taking the diff in {self.name} failed ({error}) while the same procedure on "
                                     "the pristine snapshot works: the agent's working tree broke it")
         raise SandboxError(f"computing the diff in {self.name} failed ({error}); the control on the pristine "
-                           f"snapshot failed too: {control_result.output[-300:]}")
+                           f"snapshot failed too: {tail(control_result.output)}")
 
     def reclaim_processes(self, tries: int = 40) -> bool:
         """Kill every process the agent left running; retried while no pid is free to start the killer."""
@@ -393,7 +393,7 @@ base64 -w0 "$S/patch"
                    f"UNIX-CONNECT:{PROXY_MOUNT}/{socket_name} >{RELAY_LOG} 2>&1 &")
         started = self.exec(command, timeout=10, workdir="/", user=KEEPER_USER)
         if started.exit_code != 0:
-            raise SandboxError(f"starting the proxy relay in {self.name} failed: {started.output[-300:]}")
+            raise SandboxError(f"starting the proxy relay in {self.name} failed: {tail(started.output)}")
         deadline = time.monotonic() + wait_s
         while True:
             status, answer = self.relay_status(port, session_id)
@@ -402,10 +402,11 @@ base64 -w0 "$S/patch"
             if status or time.monotonic() > deadline:  # an answer other than 200 will not change by waiting
                 break
             time.sleep(0.1)
-        log = self.exec(f"cat {RELAY_LOG}", timeout=5, workdir="/", user=KEEPER_USER).output[-300:]
+        log = self.exec(f"cat {RELAY_LOG}", timeout=5, workdir="/", user=KEEPER_USER).output
+        log = tail(log)
         raise SandboxError(f"the proxy relay in {self.name} does not reach the proxy session: GET "
                            f"/s/<session>/v1/models through 127.0.0.1:{port} answered "
-                           f"{answer[-200:] or 'nothing'!r}; relay log: {log!r}")
+                           f"{tail(answer) or 'nothing'!r}; relay log: {log!r}")
 
     def relay_status(self, port: int, session_id: str) -> tuple[str | None, str]:
         """(HTTP status or None, the answer's first line) of `GET /s/<session_id>/v1/models` through the relay:
@@ -432,14 +433,30 @@ base64 -w0 "$S/patch"
 
 
 class DockerSandboxFactory:
-    """Opens sandboxes from task images with the configured limits."""
+    """Opens sandboxes from task images with the configured limits (lego.sandbox.SandboxFactory); task images are
+    built on `base_image` when missing."""
 
-    def __init__(self, client: docker.DockerClient, config: SandboxConfig, reap: bool = True):
+    proxy_socket_uid = KEEPER_UID  # the relay runs as the keeper: the agent cannot connect to the socket itself
+
+    def __init__(self, client: docker.DockerClient, config: SandboxConfig, reap: bool = True,
+                 base_image: str | None = None):
         self.client = client
         self.config = config
+        self.base_image = base_image
         _install_signal_handlers()
         if reap:
             reap_stale_containers(client)
+
+    def open_task(self, task: Task, *, purpose: str, mounts: dict[str, str] | None = None,
+                  proxy_socket_dir: Path | None = None, labels: dict[str, str] | None = None) -> DockerSandbox:
+        if self.base_image is None:
+            raise SandboxError("this sandbox factory has no base image to build task images on; pass "
+                               "base_image= (lego.sandbox.image.ensure_base_image gives it)")
+        from lego.sandbox.task_image import ensure_task_image  # it builds on this module's snapshot layout
+
+        image = ensure_task_image(self.client, task, self.base_image)
+        return self.open(image, task.environment.workdir, purpose=purpose, mounts=mounts,
+                         proxy_socket_dir=proxy_socket_dir, labels=labels)
 
     def open(self, image: str, workdir: str = "/repo", *, purpose: str = "agent",
              mounts: dict[str, str] | None = None, proxy_socket_dir: Path | None = None,
@@ -480,7 +497,7 @@ class DockerSandboxFactory:
             # As the agent: the copy is the agent's (a non-root cp keeps modes and times, not the root owner).
             copied = sandbox.exec(f"cp -a {SNAPSHOT}/. {shlex.quote(workdir)}/", timeout=300, workdir="/")
             if copied.exit_code != 0:
-                raise SandboxError(f"copying the repository into {sandbox.name} failed: {copied.output[-500:]}")
+                raise SandboxError(f"copying the repository into {sandbox.name} failed: {tail(copied.output)}")
         except BaseException:
             sandbox.close()
             raise

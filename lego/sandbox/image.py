@@ -22,7 +22,7 @@ from rich.console import Console
 
 from lego.cache import cache_dir, content_hash
 from lego.config import DockerConfig
-from lego.errors import ImageBuildError
+from lego.errors import ImageBuildError, tail
 
 RECIPE_VERSION = "3"  # bump when the build steps below change
 BASE_REPOSITORY = "lego-base"
@@ -99,7 +99,7 @@ def rootfs_tarball(config: DockerConfig, console: Console | None = None) -> Path
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise ImageBuildError(
-                f"debootstrap failed (exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}"
+                f"debootstrap failed (exit {result.returncode}):\n{tail(result.stdout + result.stderr)}"
             )
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for item in (root / junk).glob("*"):

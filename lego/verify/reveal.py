@@ -21,6 +21,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from lego.errors import tail
 from lego.sandbox.docker_sandbox import SNAPSHOT
 from lego.tasksets.task import Task
 
@@ -131,7 +132,7 @@ def check_git(gitdir):
     code, text, err = git(gitdir, "rev-list", "--all", "--reflog")
     facts["commits"] = len(text.split()) if code == 0 else None
     if code != 0:
-        facts["error"] = err.strip()[-300:]
+        facts["error"] = tail(err.strip())
     code, text, _ = git(gitdir, "for-each-ref", "--format=%(refname)")
     facts["refs"] = text.split() if code == 0 else None
     reflogs = []
@@ -276,7 +277,7 @@ def what_the_sandbox_can_reveal(sandbox: Any, task: Task) -> dict[str, list[dict
                           output_limit=16 << 20)
     marker = next((line for line in result.output.splitlines() if line.startswith("LEGO_REVEAL=")), None)
     if result.exit_code != 0 or marker is None:
-        add("unchecked", "sandbox", f"the probe failed (exit {result.exit_code}): {result.output.strip()[-500:]}")
+        add("unchecked", "sandbox", f"the probe failed (exit {result.exit_code}): {tail(result.output.strip())}")
         return found
     probe = json.loads(marker[len("LEGO_REVEAL="):])
     own = {f"{workdir.rstrip('/')}/.git", f"{SNAPSHOT}/.git"}

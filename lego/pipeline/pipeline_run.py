@@ -1,8 +1,8 @@
-"""A pipeline session: one run's config, work dir, manifest, MLflow parent run and stage runner.
+"""A pipeline run in progress: one run's config, work dir, manifest, MLflow parent run and stage runner.
 
-Flows look their session up by run id (`get_session`), so flow parameters stay plain values (run id, iteration)
+Flows look their run up by run id (`get_run`), so flow parameters stay plain values (run id, iteration)
 and each stage reads its inputs from the run's manifest: the pipeline fills it stage after stage; `lego stage
-NAME --from RUN` starts a session whose manifest holds RUN's results and reruns one stage on top of them.
+NAME --from RUN` opens a run whose manifest holds RUN's results and reruns one stage on top of them.
 """
 
 from __future__ import annotations
@@ -17,20 +17,21 @@ from lego.config import LegoConfig, flatten
 from lego.errors import LegoError
 from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.manifest import RunManifest, load_manifest, new_run_id, save_manifest
-from lego.pipeline.runners import Policy, load_runner
+from lego.pipeline.policy import Policy
+from lego.pipeline.runners import load_runner
 from lego.workdir import WorkDir
 
 STAGES = ("tasks", "filter", "rollout", "verify", "dataset", "train", "evaluate")
 ITERATED = ("rollout", "verify", "dataset", "train", "evaluate")
 
-_sessions: dict[str, PipelineSession] = {}
+_runs: dict[str, PipelineRun] = {}
 
 
 class MissingUpstreamError(LegoError):
     """A stage's input is not in the run's manifest."""
 
 
-class PipelineSession:
+class PipelineRun:
     def __init__(self, config: LegoConfig, work: WorkDir, *, run_id: str | None = None, resume: bool = False,
                  from_run: str | None = None, force: bool = False, log: Callable[[str], None] = print,
                  track: bool = True):
@@ -62,7 +63,7 @@ class PipelineSession:
         save_manifest(work, self.manifest)
         self._initial_policy: Policy | None = None
         self.started = time.monotonic()
-        _sessions[self.run_id] = self
+        _runs[self.run_id] = self
 
     # ------------------------------------------------------------------------------------------ inputs
     def result(self, stage: str, iteration: int | None = None) -> StageResult:
@@ -133,13 +134,13 @@ class PipelineSession:
         save_manifest(self.work, self.manifest)
         if self.tracker is not None and self.manifest.mlflow_run_id:
             self.tracker.end(self.manifest.mlflow_run_id, "FINISHED" if status == "completed" else "FAILED")
-        _sessions.pop(self.run_id, None)
+        _runs.pop(self.run_id, None)
         return self.manifest
 
 
-def get_session(run_id: str) -> PipelineSession:
+def get_run(run_id: str) -> PipelineRun:
     try:
-        return _sessions[run_id]
+        return _runs[run_id]
     except KeyError:
-        raise LegoError(f"no open pipeline session {run_id!r} in this process; start the stage through "
+        raise LegoError(f"no open pipeline run {run_id!r} in this process; start the stage through "
                         "`lego run` or `lego stage`") from None

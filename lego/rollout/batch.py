@@ -1,0 +1,62 @@
+"""Many rollouts on one worker: the requests, `rollout.concurrency` at a time over one proxy, each trajectory
+persisted as soon as it ends, so a crash or Ctrl-C loses none that finished (the caller runs only the requests
+not stored yet: lego.pipeline.attempts)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import docker
+
+from lego.config import LegoConfig
+from lego.data.writer import DatasetWriter
+from lego.errors import LegoError
+from lego.records import Trajectory
+from lego.rollout.attempt import run_rollout
+from lego.rollout.requests import RolloutRequest
+from lego.rollout.resources import rollout_resources
+from lego.tasksets.task import Task
+
+
+async def run_rollouts(requests: Sequence[RolloutRequest], tasks: Sequence[Task], config: LegoConfig, work, engine,
+                       *, writer: DatasetWriter, stage: str, iteration: int, harness: str | None = None,
+                       docker_client: docker.DockerClient | None = None, docker_host: str | None = None,
+                       base_image: str | None = None, progress: bool = True,
+                       log: Callable[[str], None] | None = None) -> list[Trajectory]:
+    """Run `requests` (their tasks among `tasks`) and persist each trajectory with `writer` under (stage,
+    iteration); returns the trajectories in the order they ended."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    by_id = {task.instance_id: task for task in tasks}
+    unknown = sorted({request.task_id for request in requests} - by_id.keys())
+    if unknown:
+        raise LegoError(f"rollout requests name tasks that are not in the task list: {unknown[:5]}")
+    finished: list[Trajectory] = []
+    if not requests:
+        return finished
+    async with rollout_resources(config, work, engine, harness=harness, docker_client=docker_client,
+                                 docker_host=docker_host, base_image=base_image) as (adapter, resources):
+        semaphore = asyncio.Semaphore(config.rollout.concurrency)
+        lock = asyncio.Lock()
+        bar = Progress(TextColumn(f"{stage} [{adapter.spec.name}] iter {iteration}"), BarColumn(),
+                       MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}"),
+                       disable=not progress)
+        job = bar.add_task(stage, total=len(requests), last="")
+
+        async def one(request: RolloutRequest) -> None:
+            async with semaphore:
+                trajectory = await run_rollout(by_id[request.task_id], adapter, resources=resources, config=config,
+                                               rollout_id=request.rollout_id, iteration=iteration,
+                                               sample_index=request.sample_index)
+            async with lock:
+                await asyncio.to_thread(writer.append_trajectories, [trajectory], stage)
+                finished.append(trajectory)
+                bar.update(job, advance=1,
+                           last=f"{request.task_id}#{request.sample_index}: {trajectory.termination.value}")
+                if log is not None:
+                    log(f"{stage}: {request.rollout_id} -> {trajectory.termination.value}")
+
+        with bar:
+            await asyncio.gather(*(one(request) for request in requests))
+    return finished

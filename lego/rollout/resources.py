@@ -1,0 +1,58 @@
+"""What the rollouts of one worker share: a started proxy over the policy engine, a sandbox factory and the
+harness install."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+from lego.config import LegoConfig
+from lego.harness.base import HarnessAdapter, get_harness
+from lego.harness.install import ensure_installed
+from lego.proxy.server import ProxyServer
+from lego.sandbox import SandboxFactory
+
+
+@dataclass
+class RolloutResources:
+    proxy: ProxyServer
+    factory: SandboxFactory
+    docker_host: str  # for harnesses that run beside the sandbox and exec into it
+    install_dir: Path
+    artifacts_dir: Path | None = None  # transcripts go to <artifacts_dir>/<rollout id>/
+
+
+@contextlib.asynccontextmanager
+async def rollout_resources(config: LegoConfig, work, engine, *, harness: str | None = None,
+                            docker_client: docker.DockerClient | None = None, docker_host: str | None = None,
+                            base_image: str | None = None,
+                            tokenizer=None) -> AsyncIterator[tuple[HarnessAdapter, RolloutResources]]:
+    """The harness adapter and a started proxy over `engine` with a Docker sandbox factory, for one worker."""
+    from lego.engine.tokenizer import load_tokenizer
+    from lego.sandbox.daemon import docker_engine
+    from lego.sandbox.docker_sandbox import DockerSandboxFactory
+    from lego.sandbox.image import ensure_base_image
+
+    adapter = get_harness(harness or config.harness.name)
+    install = await asyncio.to_thread(ensure_installed, adapter, config.harness.version)
+    async with contextlib.AsyncExitStack() as stack:
+        if docker_client is None:
+            engine_info = stack.enter_context(docker_engine(work.docker_root, config.docker.host,
+                                                            config.docker.start_private_daemon))
+            docker_client, docker_host = engine_info.client, engine_info.base_url
+        docker_host = docker_host or os.environ.get("DOCKER_HOST", "")
+        if base_image is None:
+            base_image = await asyncio.to_thread(ensure_base_image, docker_client, config.docker)
+        # No shared unix socket: each sandbox rollout gets a socket of its own session (see attempt.py).
+        proxy = ProxyServer(engine, tokenizer or load_tokenizer(), config.sampling, unix_socket=False)
+        await proxy.start()
+        stack.push_async_callback(proxy.stop)
+        factory = DockerSandboxFactory(docker_client, config.sandbox, base_image=base_image)
+        yield adapter, RolloutResources(proxy=proxy, factory=factory, docker_host=docker_host, install_dir=install,
+                                        artifacts_dir=Path(work.artifacts) / "transcripts")
