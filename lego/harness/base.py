@@ -162,18 +162,7 @@ def locate(context: HarnessContext, *candidates: str) -> str:
 
 def last_json_line(output: str, predicate: Callable[[dict], bool] = lambda _: True) -> dict:
     """The last line of `output` that is a JSON object satisfying `predicate` ({} when none)."""
-    import json
-
-    for line in reversed(output.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict) and predicate(value):
-                return value
-    return {}
+    return next((value for value in reversed(json_lines(output)) if predicate(value)), {})
 
 
 SHELL_TOOLS = {"bash", "Bash", "terminal", "execute_bash", "exec_command", "shell"}
