@@ -306,7 +306,7 @@ def tasks_validate(
     """Run gold and empty patches for every task in sandboxes; report broken tasks (exit 1 if any)."""
     from lego.sandbox.daemon import docker_engine
     from lego.sandbox.image import ensure_base_image
-    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.tasksets.load import load_tasks
     from lego.verify.grader import Verifier
     from lego.verify.validate import validate_tasks, write_report
 
@@ -314,14 +314,12 @@ def tasks_validate(
     loaded = load_tasks(cfg.tasks.source, "all", cfg.tasks.strict, cfg.tasks.limit)
     for error in loaded.errors:
         console.print(f"[yellow]skipped malformed row[/] {escape(str(error))}")
-    root = BUNDLED_DIR if cfg.tasks.source == "bundled" else None
     with docker_engine(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon) as engine:
         base = ensure_base_image(engine.client, cfg.docker, console)
         verifier = Verifier(engine.client, base, cfg.sandbox, cfg.verify)
         console.print(f"validating {len(loaded.tasks)} task(s): gold and empty patch, {runs} run(s) each, "
                       f"{concurrency} at a time")
-        report = validate_tasks(verifier, loaded.tasks, runs=runs, concurrency=concurrency, taskset_root=root,
-                                console=console)
+        report = validate_tasks(verifier, loaded.tasks, runs=runs, concurrency=concurrency, console=console)
     path = write_report(report, work.artifacts / "validate")
     table = Table(title=f"lego tasks validate ({report.seconds:.0f}s)")
     for column in ("task", "gold", "empty", "problems"):

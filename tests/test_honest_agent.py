@@ -33,7 +33,7 @@ HONEST = [
 ]
 
 
-def honest_run(task, image, factory, verifier, taskset_root) -> dict:
+def honest_run(task, image, factory, verifier) -> dict:
     """One task: what its fresh agent sandbox reveals, the honest commands' results, and both gradings."""
     from lego.verify.reveal import what_the_sandbox_can_reveal
 
@@ -41,8 +41,8 @@ def honest_run(task, image, factory, verifier, taskset_root) -> dict:
         revealed = what_the_sandbox_can_reveal(sandbox, task)
         results = {command: sandbox.exec(command) for command in HONEST}
     return {"revealed": revealed, "results": results,
-            "gold": verifier.verify(task, diff=task.patch, actions=HONEST, taskset_root=taskset_root),
-            "empty": verifier.verify(task, diff="", actions=HONEST, taskset_root=taskset_root)}
+            "gold": verifier.verify(task, diff=task.patch, actions=HONEST),
+            "empty": verifier.verify(task, diff="", actions=HONEST)}
 
 
 def test_every_bundled_task_an_honest_agent_reads_everything_and_is_graded_on_its_patch(
@@ -50,16 +50,16 @@ def test_every_bundled_task_an_honest_agent_reads_everything_and_is_graded_on_it
     from concurrent.futures import ThreadPoolExecutor
 
     from lego.sandbox.task_image import ensure_task_image
-    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.tasksets.load import load_tasks
     from lego.verify.cheat import action_probes
 
     tasks = load_tasks("bundled", "all", strict=True).tasks
     assert len(tasks) >= 8
-    images = {task.instance_id: ensure_task_image(docker_engine.client, task, base_image, BUNDLED_DIR)
+    images = {task.instance_id: ensure_task_image(docker_engine.client, task, base_image)
               for task in tasks}  # one at a time: tasks sharing an image would race to build it
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = dict(zip((task.instance_id for task in tasks), pool.map(
-            lambda task: honest_run(task, images[task.instance_id], factory, verifier, BUNDLED_DIR), tasks),
+            lambda task: honest_run(task, images[task.instance_id], factory, verifier), tasks),
             strict=True))
     for task in tasks:
         run = runs[task.instance_id]

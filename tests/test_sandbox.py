@@ -14,6 +14,19 @@ def test_task_image_is_cached_by_content(docker_engine, base_image, calc_task, c
     assert ensure_task_image(docker_engine.client, calc_task, base_image) == calc_image
 
 
+def test_a_task_with_a_relative_bundle_path_is_refused_not_graded(docker_engine, base_image, calc_task, verifier):
+    """Only a task-set loader knows what a relative bundle path is relative to: building the image, or grading,
+    a task that did not come through one stops with why (never an infra_error retried, never a guess)."""
+    from lego.sandbox.task_image import UnresolvedTaskPath, ensure_task_image
+
+    relative = calc_task.model_copy(update={"environment": calc_task.environment.model_copy(
+        update={"bundle": "calc.bundle"})})
+    with pytest.raises(UnresolvedTaskPath, match="relative path 'calc.bundle'"):
+        ensure_task_image(docker_engine.client, relative, base_image)
+    with pytest.raises(UnresolvedTaskPath):
+        verifier.verify(relative, diff=relative.patch, actions=[])
+
+
 def test_repo_is_a_single_commit_with_no_later_history(factory, calc_image, calc_task):
     with factory.open(calc_image) as sandbox:
         assert sandbox.exec("cat calc.py").output == CALC_BUGGY

@@ -5,16 +5,28 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from lego.config import TaskSetConfig
+from lego.sandbox.task_image import UnresolvedTaskPath, task_image_tag
 from lego.tasksets.build_bundled import build_history, load_specs
+from lego.tasksets.folders import FOLDERS_SUBDIR, check_task_folders, write_task_folders
 from lego.tasksets.gitutil import apply_patch, clone, git
-from lego.tasksets.load import BUNDLED_TASKS, TaskSetError, harbor_task_row, load_configured, load_tasks
+from lego.tasksets.load import (
+    BUNDLED_DIR,
+    BUNDLED_TASKS,
+    TaskSetError,
+    harbor_task_row,
+    load_configured,
+    load_tasks,
+    validate_rows,
+)
 from lego.tasksets.synth import synthesize
+from lego.tasksets.task import Task
 from lego.tasksets.testrun import PASSED, parse_pytest_summary, run_pytest, run_tests
 
 BUNDLED = load_tasks("bundled").tasks
@@ -90,6 +102,104 @@ def test_grading_with_swebench_parser(clones, tmp_path):
     report = get_eval_tests_report(parse_log_pytest(log, None), {"FAIL_TO_PASS": task.FAIL_TO_PASS,
                                                                  "PASS_TO_PASS": task.PASS_TO_PASS})
     assert get_resolution_status(report) == "RESOLVED_FULL"
+
+
+def _rows_as_written() -> list[Task]:
+    """The bundled tasks as tasks.jsonl holds them (bundle paths relative to the set, as the folders see them)."""
+    return [Task.model_validate(row) for row in _raw_rows()]
+
+
+def test_bundled_task_folders_are_what_tasks_jsonl_holds():
+    """The committed folders are exactly those generated from tasks.jsonl: none missing, stale or extra."""
+    tasks = _rows_as_written()
+    assert check_task_folders(tasks, BUNDLED_DIR) == []
+    assert sorted(path.name for path in (BUNDLED_DIR / FOLDERS_SUBDIR).iterdir()) == \
+        sorted(task.instance_id for task in tasks)
+
+
+def test_a_bundled_task_folder_reads_back_as_its_task():
+    """Each folder alone gives the task back (what a person reads is the whole task); its bundle path names the
+    same file as the JSONL row's."""
+    for task, row in zip(BUNDLED, _raw_rows(), strict=True):
+        folder = BUNDLED_DIR / FOLDERS_SUBDIR / task.instance_id
+        config = tomllib.loads((folder / "task.toml").read_text())
+        assert (folder / "instruction.md").read_text() == task.problem_statement
+        assert (folder / "solution.patch").read_text() == task.patch
+        assert (folder / "tests.patch").read_text() == task.test_patch
+        assert (folder / config["environment"]["bundle"]).resolve() == Path(task.environment.bundle)
+        tests = config["tests"]
+        rebuilt = Task.model_validate({
+            **config["metadata"], "test_command": tests["command"], "FAIL_TO_PASS": tests["FAIL_TO_PASS"],
+            "PASS_TO_PASS": tests["PASS_TO_PASS"], "provenance": config["provenance"],
+            "environment": {**config["environment"], "bundle": row["environment"]["bundle"]},
+            "problem_statement": (folder / "instruction.md").read_text(),
+            "patch": (folder / "solution.patch").read_text(), "test_patch": (folder / "tests.patch").read_text()})
+        assert rebuilt == Task.model_validate(row)
+
+
+def test_a_stale_task_folder_is_reported(tmp_path):
+    tasks = _rows_as_written()[:3]
+    write_task_folders(tasks, tmp_path)
+    assert check_task_folders(tasks, tmp_path) == []
+    first, second, third = (f"{FOLDERS_SUBDIR}/{task.instance_id}" for task in tasks)
+    (tmp_path / first / "solution.patch").write_text("edited by hand\n")
+    (tmp_path / second / "tests.patch").unlink()
+    (tmp_path / third / "notes.txt").write_text("not generated\n")
+    assert check_task_folders(tasks, tmp_path) == [f"{second}/tests.patch: missing",
+                                                   f"{third}/notes.txt: not generated from any task",
+                                                   f"{first}/solution.patch: differs from the task's row"]
+    write_task_folders(tasks[:2], tmp_path)  # a removed task loses its folder
+    assert check_task_folders(tasks[:2], tmp_path) == [] and not (tmp_path / third).exists()
+
+
+# ---------------------------------------------------------------- bundle paths: absolute once loaded
+
+
+def test_a_loaded_task_finds_its_bundle_after_the_pipeline_writes_and_reads_it(tmp_path, monkeypatch):
+    """tasks stage: load -> write_tasks -> read_tasks elsewhere; the bundle is found and the image tag is
+    the one of the loaded task."""
+    from lego.pipeline.taskset_stage import read_tasks, write_tasks
+
+    loaded = load_tasks("bundled", split="all").tasks
+    path = write_tasks(tmp_path / "train_tasks.jsonl", loaded)
+    monkeypatch.chdir(tmp_path)
+    back = read_tasks(path)
+    assert back == loaded
+    for task in back:
+        assert Path(task.environment.bundle).is_absolute() and Path(task.environment.bundle).is_file()
+    assert task_image_tag(back[0], "base:1") == task_image_tag(loaded[0], "base:1")
+
+
+def test_the_task_image_tag_is_keyed_on_the_bundle_content_not_its_path(tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(BUNDLED_DIR / "repos", copy / "repos")
+    shutil.copy(BUNDLED_TASKS, copy / "tasks.jsonl")
+    moved = {task.instance_id: task for task in load_tasks(copy / "tasks.jsonl").tasks}
+    for task in BUNDLED:
+        assert moved[task.instance_id].environment.bundle != task.environment.bundle
+        assert task_image_tag(moved[task.instance_id], "base:1") == task_image_tag(task, "base:1")
+    other = moved[BUNDLED[0].instance_id]
+    Path(other.environment.bundle).write_bytes(Path(other.environment.bundle).read_bytes() + b"\n")
+    assert task_image_tag(other, "base:1") != task_image_tag(BUNDLED[0], "base:1")
+
+
+def test_a_relative_bundle_path_outside_a_loader_is_refused_clearly():
+    row_task = _rows_as_written()[0]  # as the file holds it: "repos/<name>.bundle"
+    assert not Path(row_task.environment.bundle).is_absolute()
+    with pytest.raises(UnresolvedTaskPath, match="environment.bundle is the relative path 'repos/.*load_tasks"):
+        task_image_tag(row_task, "base:1")
+
+
+def test_a_source_without_a_directory_refuses_relative_bundle_paths():
+    """A hub dataset has no directory to resolve a relative bundle path by: the row is refused at load time."""
+    row = _raw_rows()[0]
+    absolute = {**row, "instance_id": "absolute",
+                "environment": {**row["environment"], "bundle": str(BUNDLED_DIR / row["environment"]["bundle"])}}
+    loaded = validate_rows(enumerate([row, absolute], 1), None, "hub dataset some/name")
+    assert [task.instance_id for task in loaded.tasks] == ["absolute"]
+    (error,) = loaded.errors
+    assert (error.row, error.field) == (1, "environment.bundle")
+    assert "hub dataset some/name has no directory" in error.reason
 
 
 # ---------------------------------------------------------------- loaders

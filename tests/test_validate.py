@@ -12,12 +12,12 @@ pytestmark = pytest.mark.docker
 
 
 def test_every_bundled_task_is_resolved_by_its_gold_patch_and_not_by_the_empty_one(verifier):
-    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.tasksets.load import load_tasks
     from lego.verify.validate import validate_tasks
 
     tasks = load_tasks("bundled", "all", strict=True).tasks
     assert len(tasks) >= 8
-    report = validate_tasks(verifier, tasks, runs=1, concurrency=2, taskset_root=BUNDLED_DIR)
+    report = validate_tasks(verifier, tasks, runs=1, concurrency=2)
     by_id = {task.instance_id: task for task in report.tasks}
     assert set(by_id) == {task.instance_id for task in tasks}
     for instance_id, result in by_id.items():

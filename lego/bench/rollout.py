@@ -46,21 +46,21 @@ def gold_script(harness: str, patch: str) -> list[str]:
 
 
 async def _bench_harness(name: str, config: LegoConfig, work: WorkDir, engine_info, base_image: str,
-                         scorer, tokenizer, task, root, verifier) -> dict[str, Any]:
+                         scorer, tokenizer, task, verifier) -> dict[str, Any]:
     from lego.engine.scripted import ScriptedEngine
-    from lego.rollout import rollout_resources, run_rollout
+    from lego.rollout.attempt import run_rollout
+    from lego.rollout.resources import rollout_resources
 
     rows = []
     wall_start = time.monotonic()
     for index in range(ROLLOUTS_PER_HARNESS):
         engine = ScriptedEngine(scorer, tokenizer, gold_script(name, task.patch))
         async with rollout_resources(config, work, engine, harness=name, docker_client=engine_info.client,
-                                     docker_host=engine_info.base_url, base_image=base_image,
-                                     taskset_root=root) as (adapter, resources):
+                                     docker_host=engine_info.base_url, base_image=base_image) as (adapter, resources):
             trajectory = await run_rollout(task, adapter, resources=resources, config=config,
                                            rollout_id=f"bench-{name}-{index}")
         clock = time.monotonic()
-        outcome = await asyncio.to_thread(verifier.verify, task, trajectory, taskset_root=root)
+        outcome = await asyncio.to_thread(verifier.verify, task, trajectory)
         rows.append({**trajectory.timings, "verify_s": time.monotonic() - clock, "outcome": outcome.kind.value,
                      "termination": trajectory.termination.value})
     wall = time.monotonic() - wall_start
@@ -83,7 +83,7 @@ def bench_rollout(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
     from lego.harness.install import is_installed
     from lego.sandbox.daemon import docker_engine
     from lego.sandbox.image import ensure_base_image
-    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.tasksets.load import load_tasks
     from lego.verify.grader import Verifier
 
     task = next(task for task in load_tasks("bundled").tasks if task.split == "train")
@@ -111,7 +111,7 @@ def bench_rollout(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
                 harness_config = bench_config.model_copy(update={"harness": bench_config.harness.model_copy(
                     update={"name": name, "max_turns": 6})})
                 results["harnesses"][name] = asyncio.run(_bench_harness(
-                    name, harness_config, work, info, base_image, scorer, tokenizer, task, BUNDLED_DIR, verifier))
+                    name, harness_config, work, info, base_image, scorer, tokenizer, task, verifier))
     finally:
         scorer.close()
     return results

@@ -56,7 +56,7 @@ def bench_sandbox(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
     from lego.sandbox.docker_sandbox import DockerSandboxFactory
     from lego.sandbox.image import ensure_base_image
     from lego.sandbox.task_image import ensure_task_image
-    from lego.tasksets.load import BUNDLED_DIR, load_tasks
+    from lego.tasksets.load import load_tasks
     from lego.verify.grader import Verifier
 
     total_started = time.perf_counter()
@@ -65,7 +65,7 @@ def bench_sandbox(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
     with docker_engine(work.docker_root, config.docker.host, config.docker.start_private_daemon) as engine:
         base = ensure_base_image(engine.client, config.docker)
         build_started = time.perf_counter()
-        images = {task.instance_id: ensure_task_image(engine.client, task, base, BUNDLED_DIR) for task in tasks}
+        images = {task.instance_id: ensure_task_image(engine.client, task, base) for task in tasks}
         image_seconds = time.perf_counter() - build_started
         # Warm the engine (first container start pays for page cache and layer mounts) before measuring.
         engine.client.containers.run(base, ["true"], remove=True, network_mode="none")
@@ -92,7 +92,7 @@ def bench_sandbox(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
         verify_times, per_task = [], {}
         for task in tasks:
             started = time.perf_counter()
-            outcome = verifier.verify(task, diff=task.patch, actions=[], taskset_root=BUNDLED_DIR)
+            outcome = verifier.verify(task, diff=task.patch, actions=[])
             seconds = time.perf_counter() - started
             verify_times.append(seconds)
             per_task[task.instance_id] = {"seconds": round(seconds, 3), "kind": outcome.kind.value,

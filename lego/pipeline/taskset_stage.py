@@ -11,14 +11,15 @@ from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_
 from lego.tasksets.task import Task
 
 
-def load_task_set(ctx: StageContext) -> tuple[list[Task], Path | None]:
-    """Every task of the configured source (bundle paths come back absolute, so no task-set root is needed)."""
+def load_task_set(ctx: StageContext) -> list[Task]:
+    """Every task of the configured source; the loader makes bundle paths absolute, so the tasks written below
+    and read back by later stages find their bundles from anywhere."""
     from lego.tasksets.load import load_tasks
 
     loaded = load_tasks(ctx.config.tasks.source, split="all", strict=ctx.config.tasks.strict)
     for error in loaded.errors:
         ctx.log(f"tasks: skipped a malformed row: {error}")
-    return list(loaded.tasks), None
+    return list(loaded.tasks)
 
 
 def split_tasks(ctx: StageContext, tasks: list[Task]) -> tuple[list[Task], list[Task]]:
@@ -42,12 +43,12 @@ def read_tasks(path: str | Path) -> list[Task]:
 
 
 def run_tasks_stage(ctx: StageContext) -> StageResult:
-    all_tasks, root = load_task_set(ctx)
+    all_tasks = load_task_set(ctx)
     train, evaluation = split_tasks(ctx, all_tasks)
     contents = content_hash(*(task.model_dump_json() for task in train), "|eval|",
                             *(task.model_dump_json() for task in evaluation))
     inputs = {"tasks": ctx.config.section_dict("tasks"), "eval_limit": ctx.config.eval.limit,
-              "contents": contents, "taskset_root": str(root) if root else None}
+              "contents": contents}
 
     def compute(directory: Path) -> StageOutput:
         from lego.data.writer import DatasetWriter
@@ -63,7 +64,7 @@ def run_tasks_stage(ctx: StageContext) -> StageResult:
             outputs={"train_tasks": write_tasks(directory / "train_tasks.jsonl", train),
                      "eval_tasks": write_tasks(directory / "eval_tasks.jsonl", evaluation),
                      "task_summary": directory / "summary.json"},
-            data={"taskset_root": str(root) if root else None, "source": ctx.config.tasks.source},
+            data={"source": ctx.config.tasks.source},
         )
 
     return run_cached(ctx, "tasks", None, inputs, compute)

@@ -19,7 +19,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
 from lego.cache import content_hash, sha256_file
-from lego.errors import ImageBuildError
+from lego.errors import ImageBuildError, LegoError
 from lego.sandbox.docker_sandbox import SNAPSHOT
 from lego.tasksets.task import Task
 
@@ -41,22 +41,43 @@ rm -rf /tmp/lego-src /tmp/lego-src.bundle
 """
 
 
-def task_image_tag(task: Task, base_image: str, taskset_root: Path | None) -> str:
+class UnresolvedTaskPath(LegoError):
+    """A task names its bundle or Dockerfile directory by a relative path: it was not loaded by a task-set loader."""
+
+
+def task_image_tag(task: Task, base_image: str) -> str:
     env = task.environment
-    parts = [BUILD_VERSION, base_image, env.model_dump_json(), task.base_commit, SANITIZE]
     if env.kind == "bundle":
-        parts.append(sha256_file(_bundle_path(task, taskset_root)))
-    return f"{TASK_REPOSITORY}:{content_hash(*parts, length=16)}"
+        # Keyed on the bundle's bytes, not on where this checkout keeps it: the same task set at another
+        # path (another machine, another work tree) finds the images already built.
+        parts = [env.model_dump_json(exclude={"bundle"}), sha256_file(_bundle_path(task))]
+    else:
+        if env.kind == "dockerfile" and env.dockerfile_dir:
+            _absolute(task, "dockerfile_dir", env.dockerfile_dir)
+        parts = [env.model_dump_json()]
+    key = content_hash(BUILD_VERSION, base_image, *parts, task.base_commit, SANITIZE, length=16)
+    return f"{TASK_REPOSITORY}:{key}"
 
 
-def _bundle_path(task: Task, taskset_root: Path | None) -> Path:
+def _absolute(task: Task, field: str, value: str) -> Path:
+    path = Path(value)
+    if not path.is_absolute():
+        raise UnresolvedTaskPath(
+            f"task {task.instance_id}: environment.{field} is the relative path {value!r}, and a task carries no "
+            "directory to resolve it against. The task-set loaders (lego.tasksets.load: load_tasks, "
+            "load_configured) make it absolute when it exists next to the task set's file, so either the task "
+            "was not loaded through them or that file is missing there: load the task set with them, put the "
+            "file where the task set names it, or give an absolute path")
+    return path
+
+
+def _bundle_path(task: Task) -> Path:
     if not task.environment.bundle:
         raise ImageBuildError(f"task {task.instance_id} has environment.kind=bundle but no environment.bundle path")
-    path = Path(task.environment.bundle)
-    if not path.is_absolute() and taskset_root is not None:
-        path = taskset_root / path
+    path = _absolute(task, "bundle", task.environment.bundle)
     if not path.is_file():
-        raise ImageBuildError(f"task {task.instance_id}: git bundle {path} not found")
+        raise ImageBuildError(f"task {task.instance_id}: git bundle {path} not found; rebuild or restore it, or "
+                              "fix environment.bundle in the task set")
     return path
 
 
@@ -69,10 +90,9 @@ def _tar_single(name: str, data: bytes) -> bytes:
     return buffer.getvalue()
 
 
-def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str,
-                      taskset_root: Path | None = None) -> str:
+def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str) -> str:
     """The task's image tag; built when missing."""
-    tag = task_image_tag(task, base_image, taskset_root)
+    tag = task_image_tag(task, base_image)
     try:
         client.images.get(tag)
         return tag
@@ -99,7 +119,7 @@ def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str,
     try:
         container.start()
         if env.kind == "bundle":
-            bundle = _bundle_path(task, taskset_root).read_bytes()
+            bundle = _bundle_path(task).read_bytes()
             container.put_archive("/tmp", _tar_single("lego-src.bundle", bundle))
             fetch = "git clone -q --no-checkout /tmp/lego-src.bundle /tmp/lego-src"
         else:

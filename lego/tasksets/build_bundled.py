@@ -11,7 +11,9 @@ For each repository in bundled/specs/<name>.yaml:
      apply the fix edits (-> patch), run it again; FAIL_TO_PASS are the tests that failed before and
      pass after, PASS_TO_PASS those that pass both times. The build fails if FAIL_TO_PASS differs from
      the spec's `expect_fail`, or if the fix breaks a test that passed.
-Then bundled/tasks.jsonl gets one Task per line. `--check` rebuilds in a temp dir and compares.
+Then bundled/tasks.jsonl gets one Task per line, and bundled/tasks/<instance_id>/ a folder a person can read
+(instruction.md, solution.patch, tests.patch, task.toml: lego/tasksets/folders.py), both from the same Tasks.
+`--check` rebuilds in a temp dir and compares both.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import yaml
 
 from lego.errors import LegoError
+from lego.tasksets.folders import check_task_folders, write_task_folders
 from lego.tasksets.gitutil import bundle, clone, commit_all, diff, init_repo
 from lego.tasksets.task import Task
 from lego.tasksets.testrun import FAILED, PASSED, TestRunner, run_tests
@@ -156,21 +159,26 @@ def build(out_dir: Path = BUNDLED_DIR, runner: TestRunner = run_tests) -> list[T
                       f"{len(tasks[-1].PASS_TO_PASS)} P2P", file=sys.stderr)
     lines = [json.dumps(task.model_dump(mode="json", exclude_none=True), sort_keys=True) for task in tasks]
     (out_dir / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+    write_task_folders(tasks, out_dir)
     return tasks
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="rebuild in a temp dir; fail if tasks.jsonl would change")
+    parser.add_argument("--check", action="store_true",
+                        help="rebuild in a temp dir; fail if tasks.jsonl or the task folders would change")
     args = parser.parse_args(argv)
     if not args.check:
         build()
         return 0
     with tempfile.TemporaryDirectory(prefix="lego-bundled-check-") as tmp:
-        build(Path(tmp))
+        tasks = build(Path(tmp))
         same = (Path(tmp) / "tasks.jsonl").read_text() == TASKS_FILE.read_text()
+    stale_folders = check_task_folders(tasks, BUNDLED_DIR)
     print("tasks.jsonl is up to date" if same else "tasks.jsonl is stale: rerun the build", file=sys.stderr)
-    return 0 if same else 1
+    for problem in stale_folders:
+        print(f"stale task folder: {problem}", file=sys.stderr)
+    return 0 if same and not stale_folders else 1
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 BUNDLED_TASKS = BUNDLED_DIR / "tasks.jsonl"
 HARBOR_REWARD_FILE = "/logs/verifier/reward.txt"
 _MAX_LISTED_ERRORS = 20
+# Environment fields that name a file or directory of the task set.
+_ENVIRONMENT_PATHS = ("bundle", "dockerfile_dir")
 
 
 class TaskSetError(LegoError):
@@ -225,8 +227,9 @@ def _error_field(loc: tuple) -> str:
 
 
 def _resolve_paths(row: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
-    """Rows without an environment are SWE-bench rows (prebuilt image); relative bundle paths are
-    resolved against the task file's directory so a loaded Task works from any working directory."""
+    """Rows without an environment are SWE-bench rows (prebuilt image); relative bundle and Dockerfile paths
+    are resolved against the task set's directory, so a loaded Task is self-contained: it works from any
+    working directory, and after the pipeline writes it to JSONL elsewhere and reads it back."""
     env = row.get("environment")
     if env is None and "instance_id" in row:
         return {**row, "environment": {"kind": "image", "image": swebench_image(str(row["instance_id"])),
@@ -238,8 +241,9 @@ def _resolve_paths(row: dict[str, Any], base_dir: Path | None) -> dict[str, Any]
             return row
         row = {**row, "environment": env}
     if isinstance(env, dict) and base_dir is not None:
-        for key in ("bundle", "dockerfile_dir"):
+        for key in _ENVIRONMENT_PATHS:
             value = env.get(key)
+            # Left relative when missing here: building the image then refuses it, naming it as the set gave it.
             if isinstance(value, str) and value and not Path(value).is_absolute() and (base_dir / value).exists():
                 row = {**row, "environment": {**row["environment"], key: str((base_dir / value).resolve())}}
     if isinstance(row.get("provenance"), str):
@@ -248,6 +252,15 @@ def _resolve_paths(row: dict[str, Any], base_dir: Path | None) -> dict[str, Any]
         except json.JSONDecodeError:
             pass
     return row
+
+
+def _relative_paths(task: Task, number: int, where: str | None) -> list[RowError]:
+    """Relative environment paths of a source without a directory (a hub dataset): nothing to resolve them by."""
+    env = task.environment
+    return [RowError(number, f"environment.{key}",
+                     f"path {value!r} is relative, and {where or 'this source'} has no directory to resolve it "
+                     "against; give an absolute path, or load the task set from a local file or directory")
+            for key in _ENVIRONMENT_PATHS if (value := getattr(env, key)) and not Path(value).is_absolute()]
 
 
 def _no_fail_to_pass(row: dict[str, Any], where: str | None) -> str:
@@ -285,6 +298,9 @@ def validate_rows(rows: Iterable[tuple[int, Any]], base_dir: Path | None = None,
                 if isinstance((err.get("ctx") or {}).get("error"), NoFailToPass)
                 else RowError(number, _error_field(err["loc"]), err["msg"])
                 for err in exc.errors())
+            continue
+        if base_dir is None and (relative := _relative_paths(task, number, where)):
+            errors.extend(relative)
             continue
         if task.instance_id in seen:
             errors.append(RowError(number, "instance_id", f"duplicate of row {seen[task.instance_id]}"))

@@ -19,8 +19,11 @@ class Environment(BaseModel):
     """Where the repository at base_commit comes from.
 
     - image: a ready Docker image with the repo at `workdir` (SWE-bench images).
-    - bundle: a git bundle (path relative to the task set) built into an image on the base image.
+    - bundle: a git bundle built into an image on the base image.
     - dockerfile: a Harbor-style environment directory with a Dockerfile.
+
+    A task set's file may name `bundle` and `dockerfile_dir` relative to itself; the loaders
+    (lego/tasksets/load.py) make them absolute, so a loaded Task needs no task-set root.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -266,7 +266,7 @@ class Verifier:
     # ------------------------------------------------------------------------------------------ public
 
     def verify(self, task: Task, trajectory: Trajectory | None = None, *, diff: str | None = None,
-               actions: list[str] | None = None, taskset_root: Path | None = None) -> Outcome:
+               actions: list[str] | None = None) -> Outcome:
         """Grade a rollout (its final diff), retrying infra failures; never raises for the agent's doing."""
         require_tests(task)
         pytest_command_of(task)
@@ -292,7 +292,7 @@ class Verifier:
         attempts = self.config.infra_retries + 1
         for attempt in range(1, attempts + 1):
             try:
-                outcome = self._grade_once(task, diff, actions or [], taskset_root, rollout_id)
+                outcome = self._grade_once(task, diff, actions or [], rollout_id)
             except InfraFailure as failure:
                 outcome = Outcome(rollout_id, task.instance_id, OutcomeKind.infra_error,
                                   evidence={"check": failure.check, "error": str(failure)},
@@ -312,9 +312,8 @@ class Verifier:
 
     # ------------------------------------------------------------------------------------------ steps
 
-    def _grade_once(self, task: Task, diff: str, actions: list[str], taskset_root: Path | None,
-                    rollout_id: str) -> Outcome:
-        image = ensure_task_image(self.client, task, self.base_image, taskset_root)
+    def _grade_once(self, task: Task, diff: str, actions: list[str], rollout_id: str) -> Outcome:
+        image = ensure_task_image(self.client, task, self.base_image)
         screening = screen_diff(diff, task)
         evidence: dict = {
             "dropped_files": [part.path for part in screening.dropped],
@@ -434,6 +433,6 @@ def infra_check(exc: BaseException) -> str:
     return "sandbox"
 
 
-def verify_patch(verifier: Verifier, task: Task, patch: str, taskset_root: Path | None = None) -> Outcome:
+def verify_patch(verifier: Verifier, task: Task, patch: str) -> Outcome:
     """Grade a bare patch (gold or empty): used by `lego tasks validate`."""
-    return verifier.verify(task, diff=patch, actions=[], taskset_root=taskset_root)
+    return verifier.verify(task, diff=patch, actions=[])

@@ -88,19 +88,19 @@ def _summary(outcome: Outcome) -> dict:
             "log_tail": outcome.test_log[-1500:]}
 
 
-def _prepare_images(verifier: Verifier, tasks: list[Task], taskset_root: Path | None) -> dict[str, str]:
+def _prepare_images(verifier: Verifier, tasks: list[Task]) -> dict[str, str]:
     """Build each task image once, one at a time (tasks sharing an image would race); image errors by task."""
     errors = {}
     for task in tasks:
         try:
-            ensure_task_image(verifier.client, task, verifier.base_image, taskset_root)
+            ensure_task_image(verifier.client, task, verifier.base_image)
         except ImageBuildError as exc:
             errors[task.instance_id] = str(exc)
     return errors
 
 
 def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, concurrency: int = 2,
-                   taskset_root: Path | None = None, console: Console | None = None) -> ValidationReport:
+                   console: Console | None = None) -> ValidationReport:
     """Grade gold and empty patches `runs` times for every task; `console` shows progress when given."""
     tasks = list(tasks)
     started = time.monotonic()
@@ -112,7 +112,7 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
             "error": "no FAIL_TO_PASS test: zero FAIL_TO_PASS and PASS_TO_PASS tests count as a full pass, so any "
                      "patch (the empty one too) would resolve it; not graded"}
     tasks = [task for task in tasks if task.instance_id not in untested]
-    image_errors = _prepare_images(verifier, tasks, taskset_root)
+    image_errors = _prepare_images(verifier, tasks)
     for instance_id, error in image_errors.items():
         results[instance_id].problems.append("image_build")
         results[instance_id].evidence["image_build"] = {"error": error[-2000:]}
@@ -121,8 +121,7 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
     outcomes: dict[tuple[str, str], list[Outcome]] = {}
 
     def grade(task: Task, patch: str) -> Outcome:
-        return verifier.verify(task, diff=task.patch if patch == "gold" else "", actions=[],
-                               taskset_root=taskset_root)
+        return verifier.verify(task, diff=task.patch if patch == "gold" else "", actions=[])
 
     progress = Progress(TextColumn("[bold]validate[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=console, disable=console is None)
