@@ -11,7 +11,7 @@ from flows.dataset import dataset_flow
 from flows.evaluate import evaluate_flow
 from flows.filter import filter_flow
 from flows.rollout import rollout_flow_for
-from flows.taskset import tasks_flow
+from flows.taskset import taskset_flow
 from flows.train import train_flow
 from flows.verify import verify_flow
 from lego.errors import LegoError
@@ -30,7 +30,7 @@ def _open(config: str, overrides: list[str] | None, **kwargs) -> PipelineRun:
 def run_stages(run: PipelineRun) -> None:
     config = run.config
     run_id = run.run_id
-    tasks_flow(run_id)
+    taskset_flow(run_id)
     if config.filter.enabled:
         filter_flow(run_id)
     rollout = rollout_flow_for(config)
@@ -72,7 +72,7 @@ def pipeline_flow(config: str = "default", overrides: list[str] | None = None, r
     return _finish(run, lambda: run_stages(run))
 
 
-STAGE_FLOWS = {"tasks": tasks_flow, "filter": filter_flow, "verify": verify_flow, "dataset": dataset_flow,
+STAGE_FLOWS = {"taskset": taskset_flow, "filter": filter_flow, "verify": verify_flow, "dataset": dataset_flow,
                "train": train_flow, "evaluate": evaluate_flow}
 
 

@@ -25,10 +25,6 @@ class ModelError(LegoError):
     """The policy checkpoint is missing or unusable."""
 
 
-class NotBuiltYetError(LegoError):
-    """A pipeline command whose stage is not implemented yet."""
-
-
 ERROR_TAIL_CHARS = 2000  # how much of a failing command's output or an error's text a message or record keeps
 
 

@@ -3,7 +3,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh -c test || exit 1
-.venv/bin/ruff check lego flows tasks tests || exit 1
+.venv/bin/ruff check lego lego_cli flows tasks tests || exit 1
 .venv/bin/pytest -q -rs "$@"
 rc=$?
 .venv/bin/lego docker down -c test >/dev/null 2>&1 || true

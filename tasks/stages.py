@@ -16,23 +16,23 @@ from lego.pipeline.filter_stage import run_filter_stage
 from lego.pipeline.pipeline_run import get_run
 from lego.pipeline.rollout_stage import RolloutPlan, finish_rollouts, plan_rollouts
 from lego.pipeline.runners import load_runner
-from lego.pipeline.taskset_stage import run_tasks_stage
+from lego.pipeline.taskset_stage import run_taskset_stage
 from lego.pipeline.train_stage import run_train_stage
 from lego.pipeline.verify_stage import run_verify_stage
 from lego.rollout.requests import RolloutRequest
 from lego.workdir import WorkDir
 
 
-@task(name="tasks", cache_policy=NO_CACHE)
-def tasks_task(run_id: str) -> StageResult:
+@task(name="taskset", cache_policy=NO_CACHE)
+def taskset_task(run_id: str) -> StageResult:
     run = get_run(run_id)
-    return run.record(run_tasks_stage(run.ctx))
+    return run.record(run_taskset_stage(run.ctx))
 
 
 @task(name="filter", cache_policy=NO_CACHE)
 def filter_task(run_id: str) -> StageResult:
     run = get_run(run_id)
-    return run.record(run_filter_stage(run.ctx, run.result("tasks"), run.policy(0)))
+    return run.record(run_filter_stage(run.ctx, run.result("taskset"), run.policy(0)))
 
 
 @task(name="rollout-plan", cache_policy=NO_CACHE)
@@ -82,5 +82,5 @@ def train_task(run_id: str, iteration: int) -> StageResult:
 def evaluate_task(run_id: str, iteration: int) -> StageResult:
     """Evaluates the policy produced by iteration `iteration`'s train stage."""
     run = get_run(run_id)
-    return run.record(run_evaluate_stage(run.ctx, run.result("tasks"), run.policy(iteration + 1),
+    return run.record(run_evaluate_stage(run.ctx, run.result("taskset"), run.policy(iteration + 1),
                                              iteration))

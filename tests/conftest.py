@@ -86,10 +86,10 @@ def calc_image(docker_engine, base_image, calc_task):
 
 
 @pytest.fixture(scope="session")
-def factory(docker_engine, lego_config):
+def factory(docker_engine, lego_config, base_image):
     from lego.sandbox.docker_sandbox import DockerSandboxFactory
 
-    return DockerSandboxFactory(docker_engine.client, lego_config.sandbox)
+    return DockerSandboxFactory(docker_engine.client, lego_config.sandbox, base_image=base_image)
 
 
 @pytest.fixture(scope="session")

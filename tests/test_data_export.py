@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from lego.cli import app
 from lego.data.batches import TrainingSample
 from lego.data.export import build_verl_batch, read_verl_rl_dataset, write_verl_rl_dataset
 from lego.data.synthetic import synthetic_trajectory
@@ -16,6 +15,7 @@ from lego.data.writer import DatasetWriter
 from lego.records import Outcome, OutcomeKind
 from lego.tasksets.task import Task
 from lego.workdir import WorkDir
+from lego_cli import app
 
 
 def sample(token_ids, mask, advantage, layers=2, top_k=2, name="r"):

@@ -169,7 +169,7 @@ def test_tiny_model_is_seeded_loads_generates_and_exposes_routers(tiny_model_pat
 
 
 def test_cli_help_lists_the_pipeline_commands():
-    result = subprocess.run([sys.executable, "-m", "lego.cli", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "lego_cli", "--help"], capture_output=True, text=True,
                             env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0
     for command in ("setup", "doctor", "run", "stage", "tasks", "data", "deploy", "compare", "bench", "model"):

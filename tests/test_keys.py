@@ -56,7 +56,7 @@ def test_grading_stages_count_the_mounted_runner(stage):
 
 
 @pytest.mark.parametrize(("stage", "inside", "outside"), [
-    ("tasks", "lego/tasksets/load.py", "lego/rollout/attempt.py"),
+    ("taskset", "lego/tasksets/load.py", "lego/rollout/attempt.py"),
     ("filter", "lego/verify/cheat.py", "lego/train/trainer.py"),
     ("rollout", "lego/records.py", "lego/pipeline/verify_stage.py"),
     ("rollout", "lego/data/writer.py", "lego/evaluate/report.py"),
@@ -88,22 +88,22 @@ def test_a_lazy_import_counts(tree):
 
 def test_a_module_named_by_string_counts(tree):
     touch(tree, "lego/probe_plugin.py", "VALUE = 1\n")
-    assert "lego/probe_plugin.py" not in stage_files("tasks", tree)
+    assert "lego/probe_plugin.py" not in stage_files("taskset", tree)
     touch(tree, "lego/pipeline/taskset_stage.py", '\nPLUGINS = {"probe": "lego.probe_plugin:VALUE"}\n')
-    assert "lego/probe_plugin.py" in stage_files("tasks", tree)
-    assert changed_by(tree, "tasks", "lego/probe_plugin.py")
+    assert "lego/probe_plugin.py" in stage_files("taskset", tree)
+    assert changed_by(tree, "taskset", "lego/probe_plugin.py")
 
 
 def test_a_sql_file_loaded_by_name_counts(tree):
-    assert not any(f.startswith("sql/") for f in stage_files("tasks", tree))
+    assert not any(f.startswith("sql/") for f in stage_files("taskset", tree))
     touch(tree, "sql/probe.sql", "SELECT {{ x }} AS x\n")
     touch(tree, "lego/pipeline/taskset_stage.py",
           '\n\ndef _probe():\n    from lego.data.sql import load_sql\n\n    return load_sql("probe", x=1)\n')
-    files = stage_files("tasks", tree)
+    files = stage_files("taskset", tree)
     assert "sql/probe.sql" in files and "lego/data/sql.py" in files
     assert "sql/advantages.sql" not in files
-    assert not changed_by(tree, "tasks", "sql/advantages.sql")
-    assert changed_by(tree, "tasks", "sql/probe.sql")
+    assert not changed_by(tree, "taskset", "sql/advantages.sql")
+    assert changed_by(tree, "taskset", "sql/probe.sql")
 
 
 def test_a_computed_sql_name_counts_every_sql_file(tree):
@@ -120,7 +120,7 @@ def test_runtime_files_count(tree):
     assert stage_code_version("verify", tree) != before
     assert not changed_by(tree, "verify", "lego/verify/runner/__pycache__/x.cpython-312.pyc", "bytes")
     assert changed_by(tree, "rollout", "lego/harness/runners/openhands_runner.py")
-    assert not changed_by(tree, "tasks", "lego/harness/runners/openhands_runner.py")
+    assert not changed_by(tree, "taskset", "lego/harness/runners/openhands_runner.py")
 
 
 def test_runtime_files_must_be_readable_statically(tree):

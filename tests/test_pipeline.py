@@ -21,7 +21,7 @@ import pytest
 from lego import CONFIGS_DIR, REPO_ROOT
 
 TESTS_DIR = Path(__file__).resolve().parent
-ALL = ["tasks", "rollout/0", "verify/0", "dataset/0", "train/0", "evaluate/0"]
+ALL = ["taskset", "rollout/0", "verify/0", "dataset/0", "train/0", "evaluate/0"]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_full_run_then_cached_rerun(first_run, overrides):
 
 def test_train_change_reruns_train_and_what_follows(first_run, overrides):
     changed = run(overrides, ["train.lr=3e-4"])
-    assert changed["served_from_cache"] == sorted(["tasks", "rollout/0", "verify/0", "dataset/0"])
+    assert changed["served_from_cache"] == sorted(["taskset", "rollout/0", "verify/0", "dataset/0"])
     assert changed["computed"] == ["evaluate/0", "train/0"]
 
 
@@ -126,19 +126,19 @@ def test_killed_run_resumes_with_nothing_lost(prefect_api, overrides, tmp_path):
     from lego.pipeline.manifest import latest_run_id, load_manifest
 
     fresh = [f"project.work_dir={tmp_path / 'work'}", *overrides[1:]]
-    command = [sys.executable, "-m", "lego.cli", "run", "-c", "test", *fresh]
+    command = [sys.executable, "-m", "lego_cli", "run", "-c", "test", *fresh]
     killed = subprocess.run(command, env=_subprocess_env(prefect_api, LEGO_DOUBLE_KILL_AFTER="2"),
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     work = work_of(fresh)
     run_id = latest_run_id(work)
     before = load_manifest(work, run_id)
-    assert before.status == "running" and "tasks" in before.stages and "rollout/0" not in before.stages
+    assert before.status == "running" and "taskset" in before.stages and "rollout/0" not in before.stages
     kept = sorted(work.data.glob("rollout-*/rollout/iter=0/rollouts-*.parquet"))
     assert len(kept) == 2
 
     resumed = run(fresh, run_id=run_id, resume=True)
-    assert resumed["run_id"] == run_id and "tasks" in resumed["served_from_cache"]
+    assert resumed["run_id"] == run_id and "taskset" in resumed["served_from_cache"]
     files = sorted(work.data.glob("rollout-*/rollout/iter=0/rollouts-*.parquet"))
     assert files[:2] == kept and len(files) == 4  # the two stored before the crash were not rerun
     ids = [i for f in files for i in pq.read_table(f).column("rollout_id").to_pylist()]
@@ -161,7 +161,7 @@ def test_served_deployment_fires_on_schedule(first_run, overrides, tmp_path):
     env = _subprocess_env("", PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="3", PREFECT_RUNNER_POLL_FREQUENCY="3",
                           PREFECT_HOME=str(tmp_path / "prefect"))
     env.pop("PREFECT_API_URL")
-    command = [sys.executable, "-m", "lego.cli", "deploy", "-c", "test", *overrides, "schedule.interval_s=5",
+    command = [sys.executable, "-m", "lego_cli", "deploy", "-c", "test", *overrides, "schedule.interval_s=5",
                "--prefect-port", str(port)]
     server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

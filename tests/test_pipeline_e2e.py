@@ -33,7 +33,7 @@ def test_pipeline_end_to_end_real_stages(prefect_api, docker_engine, base_image,
     summary = pipeline_flow(config=str(CONFIGS_DIR / "test.yaml"), overrides=overrides)
     manifest = load_manifest(WorkDir(work), summary["run_id"])
     assert manifest.status == "completed"
-    assert sorted(manifest.stages) == ["dataset/0", "evaluate/0", "rollout/0", "tasks", "train/0", "verify/0"]
+    assert sorted(manifest.stages) == ["dataset/0", "evaluate/0", "rollout/0", "taskset", "train/0", "verify/0"]
     assert manifest.get("rollout", 0).metrics["rollouts"] == 2
     verify = manifest.get("verify", 0).metrics
     assert verify["outcomes"] == 2

@@ -576,7 +576,7 @@ def test_docker_up_pins_the_engine_until_docker_down(lease_root, tmp_path):
     root, holders = lease_root
     work = root.parent
     env = {key: value for key, value in os.environ.items() if key != "DOCKER_HOST"}
-    lego = [sys.executable, "-m", "lego.cli"] if not Path(sys.executable).with_name("lego").exists() \
+    lego = [sys.executable, "-m", "lego_cli"] if not Path(sys.executable).with_name("lego").exists() \
         else [str(Path(sys.executable).with_name("lego"))]
     overrides = [f"project.work_dir={work}", "docker.host=unix:///nonexistent-lego.sock"]
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.docker
 def test_bench_sandbox_reports_starts_execs_and_verifications_beside_bare_docker_run(docker_engine, base_image):
     from typer.testing import CliRunner
 
-    from lego.cli import app
+    from lego_cli import app
 
     result = CliRunner().invoke(app, ["bench", "sandbox", "-c", "test", "tasks.limit=2",
                                       f"docker.host={docker_engine.base_url}"])

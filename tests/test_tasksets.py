@@ -371,7 +371,7 @@ def test_a_row_without_fail_to_pass_is_refused(tmp_path):
     assert "4 malformed row(s)" in message and str(path) in message
     assert all(f"row {n}: FAIL_TO_PASS: task " in message for n in (2, 3, 4, 5))
     # The CLI lists the refused rows (no rich markup in the reasons).
-    from lego.cli import app
+    from lego_cli import app
 
     result = CliRunner().invoke(app, ["tasks", "list", "--split", "all", f"tasks.source={path}"])
     assert result.exit_code == 0, result.output
@@ -413,7 +413,7 @@ def test_a_task_without_fail_to_pass_cannot_be_built():
 
 
 def test_cli_tasks_list():
-    from lego.cli import app
+    from lego_cli import app
 
     result = CliRunner().invoke(app, ["tasks", "list", "--split", "eval"])
     assert result.exit_code == 0, result.output

@@ -63,7 +63,7 @@ def test_classify_flags_flaky_and_infra_runs():
 def test_cli_writes_a_report_and_exits_nonzero_on_a_broken_task(calc_task, tmp_path, lego_config, docker_engine):
     from typer.testing import CliRunner
 
-    from lego.cli import app
+    from lego_cli import app
 
     broken = calc_task.model_copy(update={"instance_id": "calc__broken",
                                           "patch": calc_task.patch.replace("a + b", "a * b")})

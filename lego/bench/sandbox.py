@@ -71,7 +71,7 @@ def bench_sandbox(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
         engine.client.containers.run(base, ["true"], remove=True, network_mode="none")
         bare, bare_via = _bare_docker_run(engine, base)
 
-        factory = DockerSandboxFactory(engine.client, config.sandbox)
+        factory = DockerSandboxFactory(engine.client, config.sandbox, base_image=base)
         starts, closes, execs = [], [], []
         for task in tasks:
             started = time.perf_counter()

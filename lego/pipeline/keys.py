@@ -41,7 +41,7 @@ MODULE_STRING = re.compile(r"^lego(?:\.\w+)+(?::[\w.]+)?$")  # "lego.x.y" or "le
 # Where each stage starts (modules of lego.pipeline): its code version covers what that module imports.
 STAGE_PACKAGE = "lego.pipeline"
 STAGE_MODULES: dict[str, str] = {
-    "tasks": "taskset_stage",
+    "taskset": "taskset_stage",
     "filter": "filter_stage",
     "rollout": "rollout_stage",
     "verify": "verify_stage",

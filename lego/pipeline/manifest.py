@@ -29,7 +29,7 @@ class RunManifest(BaseModel):
     stage_impl: str | None = None
     mlflow_run_id: str | None = None
     from_run: str | None = None
-    stages: dict[str, StageResult] = Field(default_factory=dict)  # "tasks", "rollout/0", ...
+    stages: dict[str, StageResult] = Field(default_factory=dict)  # "taskset", "rollout/0", ...
     summary: dict[str, Any] = Field(default_factory=dict)
 
     def record(self, result: StageResult) -> None:

@@ -21,7 +21,7 @@ from lego.pipeline.policy import Policy
 from lego.pipeline.runners import load_runner
 from lego.workdir import WorkDir
 
-STAGES = ("tasks", "filter", "rollout", "verify", "dataset", "train", "evaluate")
+STAGES = ("taskset", "filter", "rollout", "verify", "dataset", "train", "evaluate")
 ITERATED = ("rollout", "verify", "dataset", "train", "evaluate")
 
 _runs: dict[str, PipelineRun] = {}
@@ -79,7 +79,7 @@ class PipelineRun:
         """The filter's kept tasks when the filter is on, else the training tasks."""
         if self.config.filter.enabled:
             return self.result("filter")
-        return self.result("tasks")
+        return self.result("taskset")
 
     def initial_policy(self) -> Policy:
         if self._initial_policy is None:

@@ -42,7 +42,7 @@ def read_tasks(path: str | Path) -> list[Task]:
     return [Task.model_validate_json(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def run_tasks_stage(ctx: StageContext) -> StageResult:
+def run_taskset_stage(ctx: StageContext) -> StageResult:
     all_tasks = load_task_set(ctx)
     train, evaluation = split_tasks(ctx, all_tasks)
     contents = content_hash(*(task.model_dump_json() for task in train), "|eval|",
@@ -67,4 +67,4 @@ def run_tasks_stage(ctx: StageContext) -> StageResult:
             data={"source": ctx.config.tasks.source},
         )
 
-    return run_cached(ctx, "tasks", None, inputs, compute)
+    return run_cached(ctx, "taskset", None, inputs, compute)

@@ -17,6 +17,10 @@ from lego.errors import LegoError
 if TYPE_CHECKING:
     from lego.tasksets.task import Task
 
+# Every sandbox holds the task's pristine repository (base_commit's tree, no history) read-only here, beside the
+# agent's writable copy at its workdir: the diff and the grader's control runs compare against it.
+SNAPSHOT = "/opt/lego/repo"
+
 
 class SandboxError(LegoError):
     """The sandbox itself failed (container died, daemon error): an infrastructure failure, never the agent's."""

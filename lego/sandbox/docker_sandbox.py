@@ -35,7 +35,7 @@ from docker.errors import APIError, DockerException, NotFound
 
 from lego.config import SandboxConfig
 from lego.errors import tail
-from lego.sandbox import ContainerDied, ExecResult, SandboxError
+from lego.sandbox import SNAPSHOT, ContainerDied, ExecResult, SandboxError
 
 if TYPE_CHECKING:
     from lego.tasksets.task import Task
@@ -46,7 +46,6 @@ KEEPER_UID = 1001  # runs the container's main process and the proxy relay: out 
 AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
 KEEPER_USER = f"{KEEPER_UID}:{KEEPER_UID}"
 AGENT_HOME = "/home/agent"  # the agent's writable home (a tmpfs it owns); HOME in every exec
-SNAPSHOT = "/opt/lego/repo"  # the pristine repository baked into every task image (read-only at run time)
 PROXY_MOUNT = "/lego-proxy"  # where the rollout's own proxy socket directory is mounted, read-only
 _OPEN: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
 RELAY_LOG = "/tmp/.lego-relay.log"  # written by the keeper: the agent can read it, not change it

@@ -19,8 +19,8 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
 from lego.cache import content_hash, sha256_file
-from lego.errors import ImageBuildError, LegoError
-from lego.sandbox.docker_sandbox import SNAPSHOT
+from lego.errors import ImageBuildError, LegoError, tail
+from lego.sandbox import SNAPSHOT
 from lego.tasksets.task import Task
 
 TASK_REPOSITORY = "lego-task"
@@ -131,7 +131,7 @@ def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str) 
         if code != 0:
             raise ImageBuildError(
                 f"task {task.instance_id}: preparing the repository at {task.base_commit} failed "
-                f"(exit {code}): {output.decode(errors='replace')[-1500:]}"
+                f"(exit {code}): {tail(output.decode(errors='replace'))}"
             )
         container.stop(timeout=1)
         repository, version = tag.split(":")

@@ -30,7 +30,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lego.errors import LegoError
+from lego.errors import LegoError, tail
 from lego.tasksets.gitutil import apply_patch, bundle, clone, commit_all, diff, git, init_repo
 from lego.tasksets.mutate import Mutation, find_mutations, shuffled
 from lego.tasksets.task import Task
@@ -67,7 +67,7 @@ def download_sdist(requirement: str, dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(dest), requirement]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SynthError(f"pip could not download an sdist of {requirement!r}: {proc.stderr.strip()[-800:]}")
+        raise SynthError(f"pip could not download an sdist of {requirement!r}: {tail(proc.stderr.strip())}")
     archives = [p for p in dest.iterdir() if p.name.endswith((".tar.gz", ".tgz", ".zip", ".tar.bz2"))]
     if not archives:
         raise SynthError(f"pip downloaded no sdist archive for {requirement!r} into {dest}")

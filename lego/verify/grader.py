@@ -29,16 +29,10 @@ import docker
 from docker.errors import DockerException
 
 from lego.config import SandboxConfig, VerifyConfig
-from lego.errors import ImageBuildError, LegoError
+from lego.errors import ImageBuildError, LegoError, tail
 from lego.records import Outcome, OutcomeKind, TerminationReason, Trajectory
-from lego.sandbox.docker_sandbox import (
-    SNAPSHOT,
-    ContainerDied,
-    DockerSandbox,
-    DockerSandboxFactory,
-    SandboxError,
-)
-from lego.sandbox.task_image import ensure_task_image
+from lego.sandbox import SNAPSHOT, ContainerDied, Sandbox, SandboxError, SandboxFactory
+from lego.sandbox.docker_sandbox import DockerSandboxFactory
 from lego.tasksets.task import Task
 from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff, split_diff
 from lego.verify.runner.lego_grade import CONFIG_CANDIDATES, RESULT_MARKER
@@ -46,6 +40,7 @@ from lego.verify.runner.lego_grade import CONFIG_CANDIDATES, RESULT_MARKER
 RUNNER_DIR = Path(__file__).parent / "runner"
 RUNTIME_FILES = (RUNNER_DIR,)  # mounted, not imported (lego.pipeline.keys)
 RUNNER_MOUNT = "/opt/lego-grader"
+TEST_LOG_CHARS = 20_000  # of a failed runner's output, kept as the outcome's test log (evidence, not a message)
 PYTEST_PREFIXES = ("python3 -m pytest", "python -m pytest", "pytest")
 RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
                       5: "no tests collected"}
@@ -150,7 +145,7 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
                                                                "seconds", "oom_kills")} for run in runs]}
 
     def fire(rule: str, detail: str) -> None:
-        rules.setdefault(rule, []).append(detail[:500])
+        rules.setdefault(rule, []).append(tail(detail))
 
     for run in runs:
         for detail in run.get("tamper", []):
@@ -186,7 +181,7 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
     elif end_rc in RUNNER_CRASH_CODES:
         return False, rules, evidence, InfraFailure(
             "runner_crash", f"pytest exited {end_rc} ({RUNNER_CRASH_CODES[end_rc]}): "
-            f"{'; '.join(full.get('collect_errors', []))[:1000]}", full.get("log_tail", ""), end_rc)
+            f"{tail('; '.join(full.get('collect_errors', [])))}", full.get("log_tail", ""), end_rc)
     if full.get("interrupted") and end_rc == 0:
         fire("grading_tampered", f"the session was stopped ({full['interrupted']}) yet pytest returned 0")
     tests = full.get("tests", {})
@@ -257,11 +252,12 @@ def runner_log(report: dict) -> str:
 
 class Verifier:
     def __init__(self, client: docker.DockerClient, base_image: str, sandbox_config: SandboxConfig,
-                 verify_config: VerifyConfig, factory: DockerSandboxFactory | None = None):
+                 verify_config: VerifyConfig, factory: SandboxFactory | None = None):
         self.client = client
         self.base_image = base_image
         self.config = verify_config
-        self.factory = factory or DockerSandboxFactory(client, sandbox_config)
+        # Grading reaches sandboxes only through the protocol: another backend plugs in as `factory`.
+        self.factory = factory or DockerSandboxFactory(client, sandbox_config, base_image=base_image)
 
     # ------------------------------------------------------------------------------------------ public
 
@@ -306,14 +302,13 @@ class Verifier:
             if outcome.kind != OutcomeKind.infra_error:
                 return outcome
             history.append({"attempt": attempt, "check": outcome.evidence["check"],
-                            "error": str(outcome.evidence.get("error", ""))[:500]})
+                            "error": tail(str(outcome.evidence.get("error", "")))})
         assert outcome is not None
         return outcome
 
     # ------------------------------------------------------------------------------------------ steps
 
     def _grade_once(self, task: Task, diff: str, actions: list[str], rollout_id: str) -> Outcome:
-        image = ensure_task_image(self.client, task, self.base_image)
         screening = screen_diff(diff, task)
         evidence: dict = {
             "dropped_files": [part.path for part in screening.dropped],
@@ -322,9 +317,8 @@ class Verifier:
         started = time.monotonic()
         rules = dict(screening.rules)
         report, blamed = None, None
-        with self.factory.open(image, task.environment.workdir, purpose="verify",
-                               mounts={str(RUNNER_DIR): RUNNER_MOUNT},
-                               labels={"lego.task": task.instance_id}) as sandbox:
+        with self.factory.open_task(task, purpose="verify", mounts={str(RUNNER_DIR): RUNNER_MOUNT},
+                                    labels={"lego.task": task.instance_id}) as sandbox:
             base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
             # What the agent probed is kept for observability; it is a cheat only where the sandbox could have
             # revealed something, which its construction rules out (lego/verify/reveal.py checks that it holds).
@@ -334,7 +328,7 @@ class Verifier:
             if screening.kept:
                 applied = self._apply(sandbox, screening.patch, "/tmp/lego-agent.patch")
                 if applied.exit_code != 0:
-                    evidence.update(check="agent_patch_does_not_apply", apply_output=applied.output[-2000:])
+                    evidence.update(check="agent_patch_does_not_apply", apply_output=tail(applied.output))
                     return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
             try:
                 report = self._run_runner(sandbox, task, [part.path for part in screening.kept],
@@ -350,7 +344,7 @@ class Verifier:
                 raise blamed
             # A patch that hangs, eats memory, crashes or kills the runner must not escape the loss as infra:
             # when the same grading without the patch is healthy, the patch is to blame.
-            healthy, control = self._control_run(task, image)
+            healthy, control = self._control_run(task)
             if not healthy:
                 raise InfraFailure(blamed.check, f"{blamed} (and also without the agent's patch: {control})",
                                    blamed.log, blamed.exit_code)
@@ -372,7 +366,7 @@ class Verifier:
         return Outcome(rollout_id, task.instance_id, kind, cheat_rules=sorted(rules), evidence=evidence,
                        test_log=log[-200_000:], exit_code=code)
 
-    def _apply(self, sandbox: DockerSandbox, patch: str, path: str, fallback: bool = False):
+    def _apply(self, sandbox: Sandbox, patch: str, path: str, fallback: bool = False):
         """`git apply`, which is what the screening judged. Only the task's own test patch may fall back to GNU
         patch (it parses headers differently, so an agent's patch through it could write what was screened out)."""
         sandbox.put_file(path, patch.encode())
@@ -381,12 +375,12 @@ class Verifier:
             command += f" || patch -p1 --forward --batch < {path}"
         return sandbox.exec(command, timeout=120)
 
-    def _run_runner(self, sandbox: DockerSandbox, task: Task, patched_files: list[str], label: str) -> dict:
+    def _run_runner(self, sandbox: Sandbox, task: Task, patched_files: list[str], label: str) -> dict:
         if task.test_patch.strip():
             applied = self._apply(sandbox, task.test_patch, "/tmp/lego-test.patch", fallback=True)
             if applied.exit_code != 0:
                 raise InfraFailure("test_patch_does_not_apply",
-                                   f"the task's test_patch does not apply {label}: {applied.output[-1500:]}")
+                                   f"the task's test_patch does not apply {label}: {tail(applied.output)}")
         env, pytest_args = pytest_command_of(task)
         spec = {"repo": task.environment.workdir, "pristine": SNAPSHOT, "test_files": test_files_of(task),
                 "fail_to_pass": list(task.FAIL_TO_PASS), "pass_to_pass": list(task.PASS_TO_PASS),
@@ -403,18 +397,18 @@ class Verifier:
                 raise InfraFailure("verifier_timeout", f"grading ran past {budget:g}s {label}", result.output,
                                    result.exit_code)
             raise InfraFailure("runner_killed", f"the grading runner ended without its verdict {label} "
-                               f"(exit {result.exit_code})", result.output[-20_000:], result.exit_code)
+                               f"(exit {result.exit_code})", tail(result.output, TEST_LOG_CHARS), result.exit_code)
         try:
             return json.loads(line[len(RESULT_MARKER):])
         except ValueError as exc:
             raise InfraFailure("runner_killed", f"the grading runner's verdict is unreadable {label}: {exc}",
-                               result.output[-20_000:], result.exit_code) from exc
+                               tail(result.output, TEST_LOG_CHARS), result.exit_code) from exc
 
-    def _control_run(self, task: Task, image: str) -> tuple[bool, str]:
+    def _control_run(self, task: Task) -> tuple[bool, str]:
         """The same grading without the agent's patch: is the machinery healthy for this task?"""
         try:
-            with self.factory.open(image, task.environment.workdir, purpose="verify-control",
-                                   mounts={str(RUNNER_DIR): RUNNER_MOUNT}) as sandbox:
+            with self.factory.open_task(task, purpose="verify-control",
+                                        mounts={str(RUNNER_DIR): RUNNER_MOUNT}) as sandbox:
                 report = self._run_runner(sandbox, task, [], "without the agent's patch")
         except (InfraFailure, SandboxError, DockerException, OSError) as exc:
             return False, f"{type(exc).__name__}: {exc}"

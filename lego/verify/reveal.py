@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lego.errors import tail
-from lego.sandbox.docker_sandbox import SNAPSHOT
+from lego.sandbox import SNAPSHOT
 from lego.tasksets.task import Task
 
 KINDS = ("git_history", "hidden_tests", "gold_patch", "unchecked")

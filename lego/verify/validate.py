@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lego.errors import ImageBuildError
+from lego.errors import ImageBuildError, tail
 from lego.records import Outcome, OutcomeKind
 from lego.sandbox.task_image import ensure_task_image
 from lego.tasksets.task import Task
@@ -85,7 +85,7 @@ def _summary(outcome: Outcome) -> dict:
             "error": evidence.get("error"), "cheat_rules": outcome.cheat_rules,
             "failing": {name: sorted(group.get("failure", [])) for name, group in report.items()
                         if group.get("failure")},
-            "log_tail": outcome.test_log[-1500:]}
+            "log_tail": tail(outcome.test_log)}
 
 
 def _prepare_images(verifier: Verifier, tasks: list[Task]) -> dict[str, str]:
@@ -115,7 +115,7 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
     image_errors = _prepare_images(verifier, tasks)
     for instance_id, error in image_errors.items():
         results[instance_id].problems.append("image_build")
-        results[instance_id].evidence["image_build"] = {"error": error[-2000:]}
+        results[instance_id].evidence["image_build"] = {"error": tail(error)}
     jobs = [(task, patch, run) for task in tasks if task.instance_id not in image_errors
             for patch in PATCHES for run in range(runs)]
     outcomes: dict[tuple[str, str], list[Outcome]] = {}

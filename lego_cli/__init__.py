@@ -1,4 +1,5 @@
-"""The `lego` command line. Thin: each command loads the config and calls into the library or a flow."""
+"""The `lego` command line. Thin: each command loads the config and calls into the library (`lego`) or a Prefect
+flow (`flows`). It lives outside `lego/` because it imports both: the library itself never imports Prefect."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lego.errors import LegoError, NotBuiltYetError
+from lego.errors import LegoError
 
 console = Console(stderr=True)
 app = typer.Typer(
     help="Lego: RL for coding agents on the exact harness they are deployed with.\n\n"
-    "Pipeline: tasks -> filter -> rollout -> verify -> dataset -> train -> evaluate. "
+    "Pipeline: taskset -> filter -> rollout -> verify -> dataset -> train -> evaluate. "
     "Every command takes -c CONFIG and trailing key=value overrides (for example train.lr=1e-5).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -42,10 +43,6 @@ def _load(config: str, overrides: list[str] | None):
 
     cfg = load_config(config, overrides or [])
     return cfg, WorkDir.create(cfg.project.work_dir)
-
-
-def _not_built(part: str) -> None:
-    raise NotBuiltYetError(f"this command belongs to the {part} part of the pipeline and is not built yet")
 
 
 @app.command()
@@ -214,7 +211,7 @@ def _print_run_summary(cfg, work, summary: dict) -> None:
 
 @app.command()
 def stage(
-    name: Annotated[str, typer.Argument(help="tasks | filter | rollout | verify | dataset | train | evaluate")],
+    name: Annotated[str, typer.Argument(help="taskset | filter | rollout | verify | dataset | train | evaluate")],
     config: ConfigOption = "default",
     overrides: Overrides = None,
     from_run: Annotated[str | None, typer.Option("--from", help="Reuse the cached artifacts of this run "
@@ -502,12 +499,6 @@ def compare(
 
 
 @app.command()
-def status(config: ConfigOption = "default", overrides: Overrides = None) -> None:
-    """Diagnose a running training: policy degradation versus environment trouble (part: Observable training; not built yet)."""
-    _not_built("observable training")
-
-
-@app.command()
 def bench(
     name: Annotated[str, typer.Argument(help="Benchmark name: sandbox | proxy | dataset | rollout | r3")],
     config: ConfigOption = "default",
@@ -526,7 +517,3 @@ def main() -> None:
     except LegoError as exc:
         console.print(f"[red]error:[/] {exc}")
         sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()
