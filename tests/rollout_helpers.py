@@ -4,23 +4,22 @@ and a rollout worker (proxy + sandbox factory + harness install) over the real D
 from __future__ import annotations
 
 import contextlib
-import json
 
 import pytest
 
 from lego.tasksets.task import Task
 
-GOLD_FILE = "/tmp/lego-gold.patch"
-
 
 def tool_call(name: str, arguments: dict) -> str:
-    """A Qwen3 tool call as the model writes it; the proxy turns it into the protocol's tool call."""
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+    from lego.harness.base import tool_call as write
+
+    return write(name, arguments)
 
 
 def gold_command(task: Task) -> str:
-    return (f"cat > {GOLD_FILE} <<'LEGO_GOLD_EOF'\n{task.patch}LEGO_GOLD_EOF\n"
-            f"git apply {GOLD_FILE} && rm {GOLD_FILE} && git status --short")
+    from lego.harness.base import apply_patch_command
+
+    return apply_patch_command(task.patch)
 
 
 def gold_path(task: Task) -> str:
@@ -35,29 +34,18 @@ def gold_edit(task: Task) -> tuple[str, str]:
 
 
 def gold_script(harness: str, task: Task) -> list[str]:
-    """The gold solution as a scripted policy for `harness`."""
-    if harness == "mini-swe-agent":
-        return ["I will apply the fix.\n" + tool_call("bash", {"command": gold_command(task)}),
-                "Done; submitting.\n" + tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
-    if harness == "claude-code":
-        return ["I will apply the fix.\n" + tool_call("Bash", {"command": gold_command(task),
-                                                             "description": "Apply the fix"}),
-                "The fix is applied."]
-    if harness == "opencode":
-        return ["Title", "I will apply the fix.\n" + tool_call("bash", {"command": gold_command(task),
-                                                                        "description": "Apply the fix"}),
-                "The fix is applied."]
-    if harness == "codex":
-        return ["I will apply the fix.\n" + tool_call("exec_command", {"cmd": gold_command(task)}),
-                "The fix is applied."]
-    if harness == "openhands":  # the fix through its file editor, so that the edit must land in the container
+    """The gold solution as a scripted policy for `harness`: the adapter's own (shell tool, then its finish), except
+    OpenHands, whose fix goes through its file editor here so that the edit must land in the container."""
+    from lego.harness.base import get_harness
+
+    if harness == "openhands":
         old, new = gold_edit(task)
         return ["Let me look first.\n" + tool_call("terminal", {"command": "git status --short && pwd"}),
                 "I will fix it.\n" + tool_call("file_editor", {
                     "command": "str_replace", "path": f"{task.environment.workdir}/{gold_path(task)}",
                     "old_str": old, "new_str": new}),
                 tool_call("finish", {"message": "The fix is applied."})]
-    raise ValueError(harness)
+    return get_harness(harness).gold_replies(gold_command(task))
 
 
 def bundled_task(instance_id: str = "lego-bundled__unitconv-1") -> Task:

@@ -122,7 +122,7 @@ def test_openhands_file_editor_paths_never_reach_the_host(lego_config, work_dir,
     script = ["I will write a note.\n" + tool_call("file_editor", {"command": "create", "path": escape,
                                                                     "file_text": "escaped\n"}),
               tool_call("finish", {"message": "Done."})]
-    _, _, trajectory = solve("openhands", lego_config, work_dir, docker_engine, base_image, scorer, script)
+    _, trajectory = solve("openhands", lego_config, work_dir, docker_engine, base_image, scorer, script)
     assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-3000:]
     assert not Path("/tmp", name).exists()
     assert name not in trajectory.final_diff

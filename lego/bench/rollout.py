@@ -10,7 +10,6 @@ lego.harness.install.ensure_installed).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from typing import Any
@@ -20,41 +19,22 @@ from lego.config import LegoConfig
 from lego.workdir import WorkDir
 
 ROLLOUTS_PER_HARNESS = 2
-SCRIPTED_HARNESSES = ("mini-swe-agent", "claude-code", "opencode", "codex", "openhands")
-# A comma-separated subset of SCRIPTED_HARNESSES to run (all installed ones when unset). The scorer keeps the full
+# A comma-separated subset of the harnesses to run (all installed ones when unset). The scorer keeps the full
 # log-softmax of each prompt in memory: Claude Code's ~25k-token prompt needs ~30 GB, more than a small machine has.
 HARNESSES_ENV = "LEGO_BENCH_HARNESSES"
-
-
-def _tool_call(name: str, arguments: dict) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def gold_script(harness: str, patch: str) -> list[str]:
-    command = (f"cat > /tmp/lego-gold.patch <<'LEGO_GOLD_EOF'\n{patch}LEGO_GOLD_EOF\n"
-               "git apply /tmp/lego-gold.patch && rm /tmp/lego-gold.patch")
-    if harness == "mini-swe-agent":
-        return [_tool_call("bash", {"command": command}),
-                _tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
-    if harness == "claude-code":
-        return [_tool_call("Bash", {"command": command, "description": "apply"}), "Done."]
-    if harness == "opencode":
-        return ["Title", _tool_call("bash", {"command": command, "description": "apply"}), "Done."]
-    if harness == "openhands":
-        return [_tool_call("terminal", {"command": command}), _tool_call("finish", {"message": "Done."})]
-    return [_tool_call("exec_command", {"cmd": command}), "Done."]
 
 
 async def _bench_harness(name: str, config: LegoConfig, work: WorkDir, engine_info, base_image: str,
                          scorer, tokenizer, task, verifier) -> dict[str, Any]:
     from lego.engine.scripted import ScriptedEngine
+    from lego.harness.base import apply_patch_command, get_harness
     from lego.rollout.attempt import run_rollout
     from lego.rollout.resources import rollout_resources
 
     rows = []
     wall_start = time.monotonic()
     for index in range(ROLLOUTS_PER_HARNESS):
-        engine = ScriptedEngine(scorer, tokenizer, gold_script(name, task.patch))
+        engine = ScriptedEngine(scorer, tokenizer, get_harness(name).gold_replies(apply_patch_command(task.patch)))
         async with rollout_resources(config, work, engine, harness=name, docker_client=engine_info.client,
                                      docker_host=engine_info.base_url, base_image=base_image) as (adapter, resources):
             trajectory = await run_rollout(task, adapter, resources=resources, config=config,
@@ -79,7 +59,7 @@ def bench_rollout(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
     from lego.engine.checkpoint import default_model_path, init_tiny_model
     from lego.engine.tokenizer import load_tokenizer
     from lego.engine.transformers_engine import TransformersEngine
-    from lego.harness.base import get_harness
+    from lego.harness.base import get_harness, harness_names
     from lego.harness.install import is_installed
     from lego.sandbox.daemon import docker_engine
     from lego.sandbox.image import ensure_base_image
@@ -101,7 +81,7 @@ def bench_rollout(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
             base_image = ensure_base_image(info.client, config.docker)
             verifier = Verifier(info.client, base_image, config.sandbox, config.verify)
             chosen = [name.strip() for name in os.environ.get(HARNESSES_ENV, "").split(",") if name.strip()]
-            for name in SCRIPTED_HARNESSES:
+            for name in harness_names():
                 if chosen and name not in chosen:
                     results["harnesses"][name] = {"skipped": f"not in ${HARNESSES_ENV}"}
                     continue

@@ -112,6 +112,28 @@ class HarnessAdapter(Protocol):
         then attributes a crash with controls: the policy's stays harness_crash, infra becomes harness_failed)."""
         ...
 
+    def gold_replies(self, command: str) -> list[str]:
+        """The model's replies, in order, that run the shell `command` with this harness's own tool and then finish
+        its own way: a scripted policy that solves a task with its gold patch (see `apply_patch_command`), for warm
+        starts and benchmarks. Side calls the harness makes (a title request) get a reply of their own."""
+        ...
+
+
+def tool_call(name: str, arguments: dict) -> str:
+    """A tool call as the Qwen3 chat template has the model write it; the proxy turns it into the protocol's."""
+    import json
+
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+GOLD_PATCH_FILE = "/tmp/lego-gold.patch"
+
+
+def apply_patch_command(patch: str) -> str:
+    """One shell command that applies `patch` in the repository (the shortest action that solves a task)."""
+    return (f"cat > {GOLD_PATCH_FILE} <<'LEGO_GOLD_EOF'\n{patch}LEGO_GOLD_EOF\n"
+            f"git apply {GOLD_PATCH_FILE} && rm {GOLD_PATCH_FILE} && git status --short")
+
 
 # The harnesses: name -> "module:class" of its adapter. The module is imported on first use, so that a harness's
 # module loads only when it is named; the adapter's spec.name must be its name here.

@@ -23,6 +23,7 @@ from lego.harness.base import (
     json_lines,
     last_json_line,
     locate,
+    tool_call,
 )
 from lego.records import TerminationReason
 
@@ -64,6 +65,10 @@ class ClaudeCode:
         if subtype == "success" and result.exit_code == 0:
             return TerminationReason.completed
         return TerminationReason.harness_crash
+
+    def gold_replies(self, command: str) -> list[str]:
+        return ["I will apply the fix.\n" + tool_call("Bash", {"command": command, "description": "Apply the fix"}),
+                "The fix is applied."]
 
     def actions(self, result: HarnessRunResult) -> list[str]:
         """The tool_use inputs of the session transcript's assistant entries (Bash as its command), in order."""

@@ -20,6 +20,7 @@ from lego.harness.base import (
     HarnessSpec,
     action_of,
     locate,
+    tool_call,
 )
 from lego.harness.opencode import events
 from lego.records import TerminationReason
@@ -78,6 +79,9 @@ class Codex:
         if result.exit_code == 0 and "turn.completed" in kinds:
             return TerminationReason.completed
         return TerminationReason.harness_crash
+
+    def gold_replies(self, command: str) -> list[str]:
+        return ["I will apply the fix.\n" + tool_call("exec_command", {"cmd": command}), "The fix is applied."]
 
     def actions(self, result: HarnessRunResult) -> list[str]:
         """Its `command_execution` items on stdout (once each, started or completed), and other tool items

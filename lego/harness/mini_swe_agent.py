@@ -22,6 +22,7 @@ from lego.harness.base import (
     HarnessSpec,
     action_of,
     parse_arguments,
+    tool_call,
 )
 from lego.records import TerminationReason
 
@@ -77,6 +78,10 @@ class MiniSweAgent:
         if status == "LimitsExceeded":
             return TerminationReason.max_turns
         return TerminationReason.harness_crash
+
+    def gold_replies(self, command: str) -> list[str]:
+        return ["I will apply the fix.\n" + tool_call("bash", {"command": command}),
+                "Done; submitting.\n" + tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
 
     def actions(self, result: HarnessRunResult) -> list[str]:
         """The bash commands of the trajectory's assistant tool calls, in order."""

@@ -26,6 +26,7 @@ from lego.harness.base import (
     action_of,
     json_lines,
     locate,
+    tool_call,
 )
 from lego.records import TerminationReason
 
@@ -88,6 +89,12 @@ class OpenCode:
         if max_turns and steps >= max_turns:
             return TerminationReason.max_turns
         return TerminationReason.completed
+
+    def gold_replies(self, command: str) -> list[str]:
+        # The first call is OpenCode's title request (a side call): it gets a title.
+        return ["Title", "I will apply the fix.\n" + tool_call("bash", {"command": command,
+                                                                          "description": "Apply the fix"}),
+                "The fix is applied."]
 
     def actions(self, result: HarnessRunResult) -> list[str]:
         """The inputs of its `tool_use` events on stdout (bash as its command), in order."""

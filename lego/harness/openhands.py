@@ -25,6 +25,7 @@ from lego.harness.base import (
     action_of,
     json_lines,
     parse_arguments,
+    tool_call,
 )
 from lego.harness.mini_swe_agent import result_line
 from lego.records import TerminationReason
@@ -68,6 +69,10 @@ class OpenHands:
         if final.get("status") in {"finished", "stuck"}:
             return TerminationReason.completed
         return TerminationReason.harness_crash
+
+    def gold_replies(self, command: str) -> list[str]:
+        return ["I will apply the fix.\n" + tool_call("terminal", {"command": command}),
+                tool_call("finish", {"message": "The fix is applied."})]
 
     def actions(self, result: HarnessRunResult) -> list[str]:
         """The tool calls of its ActionEvents (terminal commands as themselves), in order."""
