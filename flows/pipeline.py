@@ -14,6 +14,7 @@ from flows.rollout import rollout_flow_for
 from flows.taskset import taskset_flow
 from flows.train import train_flow
 from flows.verify import verify_flow
+from flows.warmstart import warmstart_flow
 from lego.errors import LegoError
 from lego.pipeline.pipeline_run import ITERATED, STAGES, PipelineRun
 
@@ -31,6 +32,8 @@ def run_stages(run: PipelineRun) -> None:
     config = run.config
     run_id = run.run_id
     taskset_flow(run_id)
+    if config.warmstart.enabled:
+        warmstart_flow(run_id)
     if config.filter.enabled:
         filter_flow(run_id)
     rollout = rollout_flow_for(config)
@@ -72,7 +75,7 @@ def pipeline_flow(config: str = "default", overrides: list[str] | None = None, r
     return _finish(run, lambda: run_stages(run))
 
 
-STAGE_FLOWS = {"taskset": taskset_flow, "filter": filter_flow, "verify": verify_flow, "dataset": dataset_flow,
+STAGE_FLOWS = {"taskset": taskset_flow, "warmstart": warmstart_flow, "filter": filter_flow, "verify": verify_flow, "dataset": dataset_flow,
                "train": train_flow, "evaluate": evaluate_flow}
 
 

@@ -156,6 +156,17 @@ class TrainConfig(Section):
     measure_routing_drift: bool = True  # one extra no-grad forward per micro-batch without replay
 
 
+class WarmStartConfig(Section):
+    """Supervised fine-tuning on gold demonstrations before RL: the configured harness, unmodified, runs each
+    training task under a scripted policy that applies the task's gold patch with the harness's own tools; the
+    trajectories the verifier grades resolved are the data (loss on the sampled tokens only)."""
+
+    enabled: bool = False
+    steps: int = Field(200, ge=1)  # optimizer steps, each on one demonstration (cycled in a seeded order)
+    lr: float = Field(1e-3, gt=0)
+    grad_clip: float = Field(1.0, gt=0)
+
+
 class EvalConfig(Section):
     every: int = Field(1, ge=1)
     samples_per_task: int = Field(1, ge=1)
@@ -199,6 +210,7 @@ class LegoConfig(Section):
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    warmstart: WarmStartConfig = Field(default_factory=WarmStartConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)

@@ -18,7 +18,7 @@ from lego.errors import LegoError
 console = Console(stderr=True)
 app = typer.Typer(
     help="Lego: RL for coding agents on the exact harness they are deployed with.\n\n"
-    "Pipeline: taskset -> filter -> rollout -> verify -> dataset -> train -> evaluate. "
+    "Pipeline: taskset -> warmstart -> filter -> rollout -> verify -> dataset -> train -> evaluate. "
     "Every command takes -c CONFIG and trailing key=value overrides (for example train.lr=1e-5).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -211,7 +211,7 @@ def _print_run_summary(cfg, work, summary: dict) -> None:
 
 @app.command()
 def stage(
-    name: Annotated[str, typer.Argument(help="taskset | filter | rollout | verify | dataset | train | evaluate")],
+    name: Annotated[str, typer.Argument(help="taskset | warmstart | filter | rollout | verify | dataset | train | evaluate")],
     config: ConfigOption = "default",
     overrides: Overrides = None,
     from_run: Annotated[str | None, typer.Option("--from", help="Reuse the cached artifacts of this run "
@@ -228,7 +228,7 @@ def stage(
     cfg, work = _load(config, overrides)
     configure_prefect_env(work)
     with contextlib.ExitStack() as stack:
-        if cfg.pipeline.runner is None and name in ("filter", "rollout", "verify", "evaluate"):
+        if cfg.pipeline.runner is None and name in ("warmstart", "filter", "rollout", "verify", "evaluate"):
             stack.enter_context(_embedded_setup(cfg, work))
         from flows.pipeline import stage_flow
 

@@ -19,6 +19,7 @@ from lego.pipeline.runners import load_runner
 from lego.pipeline.taskset_stage import run_taskset_stage
 from lego.pipeline.train_stage import run_train_stage
 from lego.pipeline.verify_stage import run_verify_stage
+from lego.pipeline.warmstart_stage import run_warmstart_stage
 from lego.rollout.requests import RolloutRequest
 from lego.workdir import WorkDir
 
@@ -27,6 +28,12 @@ from lego.workdir import WorkDir
 def taskset_task(run_id: str) -> StageResult:
     run = get_run(run_id)
     return run.record(run_taskset_stage(run.ctx))
+
+
+@task(name="warmstart", cache_policy=NO_CACHE)
+def warmstart_task(run_id: str) -> StageResult:
+    run = get_run(run_id)
+    return run.record(run_warmstart_stage(run.ctx, run.result("taskset"), run.initial_policy()))
 
 
 @task(name="filter", cache_policy=NO_CACHE)

@@ -23,7 +23,7 @@ _stored = 0
 
 
 class DoubleRunner:
-    def rollout(self, ctx, tasks, requests, policy, *, stage, iteration, writer) -> None:
+    def rollout(self, ctx, tasks, requests, policy, *, stage, iteration, writer, gold=False) -> None:
         global _stored
         kill_after = int(os.environ.get("LEGO_DOUBLE_KILL_AFTER", "0") or 0)
         spec = ctx.config.model.init

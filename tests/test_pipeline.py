@@ -187,3 +187,31 @@ def test_served_deployment_fires_on_schedule(first_run, overrides, tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_warm_start_is_the_policy_rl_starts_from(prefect_api, overrides):
+    """With the warm start on: its demonstrations are the gold-script rollouts, only the resolved ones are trained
+    on, and iteration 0's rollouts sample from the fine-tuned policy (version 1); a rerun serves it from cache."""
+    from lego.data.catalog import Catalog
+    from lego.pipeline.manifest import load_manifest
+
+    extra = ["warmstart.enabled=true", "warmstart.steps=3"]
+    first = run(overrides, extra)
+    assert "warmstart" in first["computed"]
+    work = work_of(overrides)
+    manifest = load_manifest(work, first["run_id"])
+    warm = manifest.get("warmstart")
+    assert warm.data["policy_version"] == 1 and warm.metrics["steps"] == 3
+    assert 0 < warm.metrics["resolved_demonstrations"] <= warm.metrics["demonstrations"] == 2
+    assert (Path(warm.outputs["checkpoint"]) / "model.safetensors").is_file()
+    rollout = manifest.get("rollout", 0)
+    assert rollout.data["policy_version"] == 1 and rollout.data["policy_path"] == warm.data["policy_path"]
+    from lego.config import load_config
+
+    config = load_config(str(CONFIGS_DIR / "test.yaml"), [*overrides, *extra])
+    with Catalog.open(work, config, in_memory=True) as catalog:
+        versions = {row["policy_version"] for row in catalog.rows(
+            "SELECT policy_version FROM rollouts WHERE run_id = ? AND stage = 'rollout'", [rollout.data["data_run_id"]])}
+    assert versions == {1}
+    again = run(overrides, extra)
+    assert "warmstart" in again["served_from_cache"]

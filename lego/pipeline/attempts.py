@@ -45,23 +45,24 @@ def pending_requests(ctx: StageContext, requests: Sequence[RolloutRequest], data
 
 
 def execute_requests(ctx: StageContext, tasks: Sequence[Task], requests: Sequence[RolloutRequest], policy: Policy,
-                     *, data_run_id: str, stage: str, iteration: int) -> None:
+                     *, data_run_id: str, stage: str, iteration: int, gold: bool = False) -> None:
     if not requests:
         return
     wanted = {request.task_id for request in requests}
     runner: StageRunner = ctx.runner  # the real stack (lego.rollout) unless the config injects another
     runner.rollout(ctx, [task for task in tasks if task.instance_id in wanted], list(requests), policy,
-                       stage=stage, iteration=iteration, writer=DatasetWriter(ctx.work, data_run_id))
+                       stage=stage, iteration=iteration, writer=DatasetWriter(ctx.work, data_run_id), gold=gold)
 
 
 def run_attempts(ctx: StageContext, tasks: Sequence[Task], policy: Policy, *, samples: int, data_run_id: str,
-                 stage: str, iteration: int) -> list[str]:
+                 stage: str, iteration: int, gold: bool = False) -> list[str]:
     """Make sure every (task, sample) has a stored trajectory; returns the rollout ids."""
     requests = rollout_requests(data_run_id, tasks, samples)
     pending = pending_requests(ctx, requests, data_run_id, stage, iteration)
     if pending:
         ctx.log(f"{stage}: {len(pending)} of {len(requests)} rollouts to run")
-    execute_requests(ctx, tasks, pending, policy, data_run_id=data_run_id, stage=stage, iteration=iteration)
+    execute_requests(ctx, tasks, pending, policy, data_run_id=data_run_id, stage=stage, iteration=iteration,
+                     gold=gold)
     check_complete(ctx, requests, data_run_id, stage, iteration)
     return [request.rollout_id for request in requests]
 

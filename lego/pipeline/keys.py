@@ -42,6 +42,7 @@ MODULE_STRING = re.compile(r"^lego(?:\.\w+)+(?::[\w.]+)?$")  # "lego.x.y" or "le
 STAGE_PACKAGE = "lego.pipeline"
 STAGE_MODULES: dict[str, str] = {
     "taskset": "taskset_stage",
+    "warmstart": "warmstart_stage",
     "filter": "filter_stage",
     "rollout": "rollout_stage",
     "verify": "verify_stage",

@@ -21,7 +21,7 @@ from lego.pipeline.policy import Policy
 from lego.pipeline.runners import load_runner
 from lego.workdir import WorkDir
 
-STAGES = ("taskset", "filter", "rollout", "verify", "dataset", "train", "evaluate")
+STAGES = ("taskset", "warmstart", "filter", "rollout", "verify", "dataset", "train", "evaluate")
 ITERATED = ("rollout", "verify", "dataset", "train", "evaluate")
 
 _runs: dict[str, PipelineRun] = {}
@@ -93,8 +93,11 @@ class PipelineRun:
         return self._initial_policy
 
     def policy(self, iteration: int) -> Policy:
-        """The policy that iteration `iteration` samples from (after `iteration` updates)."""
+        """The policy that iteration `iteration` samples from (after `iteration` updates): iteration 0 samples from
+        the warm start's policy when the warm start is on, else from the initial checkpoint."""
         if iteration == 0:
+            if self.config.warmstart.enabled:
+                return Policy.from_data(self.result("warmstart").data)
             return self.initial_policy()
         return Policy.from_data(self.result("train", iteration - 1).data)
 

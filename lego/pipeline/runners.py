@@ -25,8 +25,10 @@ Grader = Callable[[Task, Trajectory], Outcome]
 
 class StageRunner(Protocol):
     def rollout(self, ctx, tasks: Sequence[Task], requests: Sequence[RolloutRequest], policy: Policy, *,
-                stage: str, iteration: int, writer: DatasetWriter) -> None:
-        """Run the requests and persist one trajectory per request with `writer` (stage, iteration)."""
+                stage: str, iteration: int, writer: DatasetWriter, gold: bool = False) -> None:
+        """Run the requests and persist one trajectory per request with `writer` (stage, iteration). `gold`: the
+        policy does not sample; a scripted policy answers with each task's gold solution in the harness's own
+        tools (HarnessAdapter.gold_replies), scored by `policy` (the warm start's demonstrations)."""
 
     def grader(self, ctx) -> contextlib.AbstractContextManager[Grader]:
         """A grading function, valid inside the context."""
@@ -35,7 +37,7 @@ class StageRunner(Protocol):
 class RealRunner:
     """The harness in a Docker sandbox through the proxy (lego.rollout), graded in a fresh sandbox (lego.verify)."""
 
-    def rollout(self, ctx, tasks, requests, policy, *, stage, iteration, writer) -> None:
+    def rollout(self, ctx, tasks, requests, policy, *, stage, iteration, writer, gold=False) -> None:
         import asyncio
 
         from lego.engine import make_engine
@@ -44,7 +46,8 @@ class RealRunner:
         engine = make_engine(ctx.config, policy.path)
         try:
             asyncio.run(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
-                                     iteration=iteration, log=ctx.log))
+                                     iteration=iteration, log=ctx.log,
+                                     engine_for=gold_engines(ctx.config, engine) if gold else None))
         finally:
             close = getattr(engine, "close", None)
             if close is not None:
@@ -61,6 +64,17 @@ class RealRunner:
             base_image = ensure_base_image(engine.client, config.docker)
             verifier = Verifier(engine.client, base_image, config.sandbox, config.verify)
             yield verifier.verify
+
+
+def gold_engines(config, scorer):
+    """A scripted engine per task that answers with the task's gold patch in the harness's own tools, its tokens
+    scored by `scorer` (the policy: real log-probs and routing)."""
+    from lego.engine.scripted import ScriptedEngine
+    from lego.engine.tokenizer import load_tokenizer
+    from lego.harness.base import apply_patch_command, get_harness
+
+    adapter, tokenizer = get_harness(config.harness.name), load_tokenizer()
+    return lambda task: ScriptedEngine(scorer, tokenizer, adapter.gold_replies(apply_patch_command(task.patch)))
 
 
 def load_runner(spec: str | None) -> StageRunner:

@@ -71,7 +71,8 @@ async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResour
         relay = ""
         if session_socket is not None:
             relay = await asyncio.to_thread(sandbox.start_proxy_relay, session_socket.name, RELAY_PORT, session.id)
-        guard = TurnGuard(session.engine, config.harness.max_turns + spec.side_calls)
+        engine = resources.engine_for(task) if resources.engine_for is not None else session.engine
+        guard = TurnGuard(engine, config.harness.max_turns + spec.side_calls)
         session.engine = guard
         setup_s = time.monotonic() - clock
         context = HarnessContext(

@@ -23,9 +23,10 @@ async def run_rollouts(requests: Sequence[RolloutRequest], tasks: Sequence[Task]
                        *, writer: DatasetWriter, stage: str, iteration: int, harness: str | None = None,
                        docker_client: docker.DockerClient | None = None, docker_host: str | None = None,
                        base_image: str | None = None, progress: bool = True,
-                       log: Callable[[str], None] | None = None) -> list[Trajectory]:
+                       log: Callable[[str], None] | None = None,
+                       engine_for: Callable[[Task], object] | None = None) -> list[Trajectory]:
     """Run `requests` (their tasks among `tasks`) and persist each trajectory with `writer` under (stage,
-    iteration); returns the trajectories in the order they ended."""
+    iteration); returns the trajectories in the order they ended. `engine_for`: see RolloutResources."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     by_id = {task.instance_id: task for task in tasks}
@@ -37,6 +38,7 @@ async def run_rollouts(requests: Sequence[RolloutRequest], tasks: Sequence[Task]
         return finished
     async with rollout_resources(config, work, engine, harness=harness, docker_client=docker_client,
                                  docker_host=docker_host, base_image=base_image) as (adapter, resources):
+        resources.engine_for = engine_for
         semaphore = asyncio.Semaphore(config.rollout.concurrency)
         lock = asyncio.Lock()
         bar = Progress(TextColumn(f"{stage} [{adapter.spec.name}] iter {iteration}"), BarColumn(),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
-from lego.engine.base import EngineWrapper, GenerateResult, SamplingParams
+from lego.engine.base import EngineWrapper, GenerateResult, SamplingParams, TokenChunk
 from lego.errors import LegoError
 
 
@@ -24,6 +25,17 @@ class TurnGuard(EngineWrapper):
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         await self.admit()
         return await self.inner.generate(prompt_ids, sampling)
+
+    async def stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+        """Counted like `generate`; the inner engine's chunks pass through as they come."""
+        await self.admit()
+        inner_stream = getattr(self.inner, "stream", None)
+        if inner_stream is None:
+            result = await self.inner.generate(prompt_ids, sampling)
+            yield TokenChunk(list(result.token_ids), result)
+            return
+        async for chunk in inner_stream(prompt_ids, sampling):
+            yield chunk
 
     async def admit(self) -> None:
         """Count one generation; past the limit, trip and never serve it."""

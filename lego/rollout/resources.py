@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from lego.harness.base import HarnessAdapter, get_harness
 from lego.harness.install import ensure_installed
 from lego.proxy.server import ProxyServer
 from lego.sandbox import SandboxFactory
+from lego.tasksets.task import Task
 
 
 @dataclass
@@ -26,6 +27,9 @@ class RolloutResources:
     docker_host: str  # for harnesses that run beside the sandbox and exec into it
     install_dir: Path
     artifacts_dir: Path | None = None  # transcripts go to <artifacts_dir>/<rollout id>/
+    # The engine that answers a task's session; None: the proxy's (the policy). A scripted policy (the warm
+    # start's gold solutions) answers each task with replies of its own.
+    engine_for: Callable[[Task], object] | None = None
 
 
 @contextlib.asynccontextmanager

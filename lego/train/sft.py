@@ -1,0 +1,71 @@
+"""Supervised fine-tuning on demonstrations (the warm start before RL).
+
+The loss is the mean negative log-likelihood of the sampled tokens (response mask 1) only: the prompt, the
+harness's system text and the tool observations are context, never targets, exactly as in the RL loss. Each
+optimizer step takes one demonstration, cycled in a seeded order, so that every demonstration is seen equally
+often whatever the step count.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lego.config import TrainConfig, WarmStartConfig
+from lego.data.batches import TrainingSample, training_batch_fields
+from lego.errors import LegoError
+
+
+class NoDemonstrations(LegoError):
+    """Nothing to fine-tune on: no demonstration was graded resolved, or none has a sampled token."""
+
+
+def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], settings: WarmStartConfig,
+              out_dir: str | Path, *, device: str = "cpu", seed: int = 0,
+              on_step: Callable[[int, dict[str, float]], None] | None = None) -> tuple[Path, list[dict[str, float]]]:
+    """Fine-tune the policy at `model_path` on `samples` for `settings.steps` steps; the result is saved to
+    `out_dir` as the next policy version. Returns the checkpoint and each step's metrics (loss, mean log-prob and
+    accuracy of the sampled tokens, seconds)."""
+    from lego.train.trainer import TrainBatch, Trainer, collate, token_logprobs
+
+    usable = [sample for sample in samples if int(np.asarray(sample.response_mask)[1:].sum()) > 0]
+    if not usable:
+        raise NoDemonstrations("no demonstration with sampled tokens to fine-tune on; check that the warm start's "
+                               "gold rollouts were graded resolved (lego data show) and sampling.max_tokens fits "
+                               "the gold replies")
+    trainer = Trainer(model_path, TrainConfig(lr=settings.lr, grad_clip=settings.grad_clip, router_replay="disabled",
+                                              measure_routing_drift=False), device=device, seed=seed)
+    batch = TrainBatch(**training_batch_fields(usable))
+    order: list[int] = []
+    shuffle = random.Random(seed)
+    history: list[dict[str, float]] = []
+    for step in range(settings.steps):
+        if not order:
+            order = list(range(len(usable)))
+            shuffle.shuffle(order)
+        index = order.pop()
+        started = time.monotonic()
+        micro = collate(batch, [index], need_routing=False)
+        mask = micro.response_mask.to(device)
+        logprobs, _ = token_logprobs(trainer.model, micro.input_ids.to(device), mask, None, with_entropy=False)
+        tokens = mask.sum().clamp(min=1.0)
+        loss = -(logprobs * mask).sum() / tokens
+        trainer.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), settings.grad_clip)
+        trainer.optimizer.step()
+        with torch.no_grad():
+            sampled = logprobs[mask.bool()]
+            metrics = {"loss": float(loss), "mean_logprob": float(sampled.mean()),
+                       "token_accuracy": float((sampled > np.log(0.5)).float().mean()),
+                       "grad_norm": float(grad_norm), "tokens": float(tokens), "seconds": time.monotonic() - started}
+        history.append(metrics)
+        if on_step is not None:
+            on_step(step, metrics)
+    trainer.steps = settings.steps
+    return trainer.save(out_dir), history
