@@ -8,7 +8,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.dataset import dataset_flow
-from flows.evaluate import evaluate_flow
+from flows.evaluate import baseline_flow, evaluate_flow
 from flows.filter import filter_flow
 from flows.rollout import rollout_flow_for
 from flows.taskset import taskset_flow
@@ -36,6 +36,8 @@ def run_stages(run: PipelineRun) -> None:
         warmstart_flow(run_id)
     if config.filter.enabled:
         filter_flow(run_id)
+    if config.eval.at_start:
+        baseline_flow(run_id)
     rollout = rollout_flow_for(config)
     last = config.pipeline.iterations - 1
     for iteration in range(config.pipeline.iterations):
@@ -51,7 +53,7 @@ def summarize(run: PipelineRun) -> dict[str, Any]:
     manifest = run.manifest
     stages = {label: {"cached": r.cached, "seconds": r.seconds, "key": r.key, "path": r.path}
               for label, r in manifest.stages.items()}
-    evaluations = {label: r.metrics for label, r in manifest.stages.items() if r.stage == "evaluate"}
+    evaluations = {label: r.metrics for label, r in manifest.stages.items() if r.stage in ("baseline", "evaluate")}
     return {"run_id": run.run_id, "stages": stages, "evaluations": evaluations,
             "served_from_cache": sorted(label for label, r in manifest.stages.items() if r.cached),
             "computed": sorted(label for label, r in manifest.stages.items() if not r.cached)}
@@ -76,7 +78,7 @@ def pipeline_flow(config: str = "default", overrides: list[str] | None = None, r
 
 
 STAGE_FLOWS = {"taskset": taskset_flow, "warmstart": warmstart_flow, "filter": filter_flow, "verify": verify_flow, "dataset": dataset_flow,
-               "train": train_flow, "evaluate": evaluate_flow}
+               "train": train_flow, "evaluate": evaluate_flow, "baseline": baseline_flow}
 
 
 @flow(name="lego-stage")

@@ -169,6 +169,10 @@ class WarmStartConfig(Section):
 
 class EvalConfig(Section):
     every: int = Field(1, ge=1)
+    # Which splits an evaluation measures: the held-out `eval` split, and the `train` split RL trains on (the
+    # learning curve: does RL raise the resolved rate on the tasks it practises?).
+    splits: list[Literal["eval", "train"]] = Field(default_factory=lambda: ["eval"], min_length=1)
+    at_start: bool = False  # also evaluate the policy RL starts from (after the warm start): stage `baseline`
     samples_per_task: int = Field(1, ge=1)
     confidence: float = Field(0.95, gt=0, lt=1)
     limit: int | None = Field(None, ge=1)  # evaluation tasks (None: the whole eval split)

@@ -51,7 +51,7 @@ REWARD: dict[OutcomeKind, float | None] = {
 class SegmentReason(StrEnum):
     start = "start"  # the first call of a thread
     rewrite = "rewrite"  # the harness rewrote history (compaction, edited turns): a new segment
-    subagent = "subagent"  # a call whose system prompt is not the main thread's
+    subagent = "subagent"  # a call of another agent than the main one (lego/proxy/session.py says how threads are told apart)
 
 
 @dataclass

@@ -211,7 +211,7 @@ def _print_run_summary(cfg, work, summary: dict) -> None:
 
 @app.command()
 def stage(
-    name: Annotated[str, typer.Argument(help="taskset | warmstart | filter | rollout | verify | dataset | train | evaluate")],
+    name: Annotated[str, typer.Argument(help="taskset | warmstart | filter | baseline | rollout | verify | dataset | train | evaluate")],
     config: ConfigOption = "default",
     overrides: Overrides = None,
     from_run: Annotated[str | None, typer.Option("--from", help="Reuse the cached artifacts of this run "
@@ -228,7 +228,7 @@ def stage(
     cfg, work = _load(config, overrides)
     configure_prefect_env(work)
     with contextlib.ExitStack() as stack:
-        if cfg.pipeline.runner is None and name in ("warmstart", "filter", "rollout", "verify", "evaluate"):
+        if cfg.pipeline.runner is None and name in ("warmstart", "filter", "baseline", "rollout", "verify", "evaluate"):
             stack.enter_context(_embedded_setup(cfg, work))
         from flows.pipeline import stage_flow
 
@@ -500,7 +500,7 @@ def compare(
 
 @app.command()
 def bench(
-    name: Annotated[str, typer.Argument(help="Benchmark name: sandbox | proxy | dataset | rollout | r3")],
+    name: Annotated[str, typer.Argument(help="Benchmark name: sandbox | proxy | dataset | rollout | r3 | learn")],
     config: ConfigOption = "default",
     overrides: Overrides = None,
 ) -> None:

@@ -36,6 +36,13 @@ def warmstart_task(run_id: str) -> StageResult:
     return run.record(run_warmstart_stage(run.ctx, run.result("taskset"), run.initial_policy()))
 
 
+@task(name="baseline", cache_policy=NO_CACHE)
+def baseline_task(run_id: str) -> StageResult:
+    """Evaluates the policy RL starts from (iteration 0 samples from it)."""
+    run = get_run(run_id)
+    return run.record(run_evaluate_stage(run.ctx, run.result("taskset"), run.policy(0), None, stage="baseline"))
+
+
 @task(name="filter", cache_policy=NO_CACHE)
 def filter_task(run_id: str) -> StageResult:
     run = get_run(run_id)

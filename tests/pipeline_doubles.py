@@ -39,6 +39,7 @@ class DoubleRunner:
             trajectory.policy_version = policy.version
             trajectory.harness = ctx.config.harness.name
             trajectory.metadata["temperature"] = ctx.config.sampling.temperature
+            trajectory.metadata["gold"] = gold  # a demonstration of the gold solution: graded resolved
             for segment in trajectory.segments:
                 segment.token_ids[0] = 151644  # a real first token; the rest is noise
             writer.append_trajectories([trajectory], stage=stage)
@@ -50,7 +51,8 @@ class DoubleRunner:
     def grader(self, ctx):
         def grade(task, trajectory) -> Outcome:
             digest = int(hashlib.sha256(trajectory.rollout_id.encode()).hexdigest()[:8], 16)
-            kind = OutcomeKind.resolved if digest % 2 == 0 else OutcomeKind.unresolved
+            solved = digest % 2 == 0 or trajectory.metadata.get("gold")
+            kind = OutcomeKind.resolved if solved else OutcomeKind.unresolved
             return Outcome(trajectory.rollout_id, trajectory.task_id, kind, evidence={"check": "double"})
 
         yield grade

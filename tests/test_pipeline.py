@@ -195,9 +195,9 @@ def test_warm_start_is_the_policy_rl_starts_from(prefect_api, overrides):
     from lego.data.catalog import Catalog
     from lego.pipeline.manifest import load_manifest
 
-    extra = ["warmstart.enabled=true", "warmstart.steps=3"]
+    extra = ["warmstart.enabled=true", "warmstart.steps=3", "eval.at_start=true", "eval.splits=[eval, train]"]
     first = run(overrides, extra)
-    assert "warmstart" in first["computed"]
+    assert "warmstart" in first["computed"] and "baseline" in first["computed"]
     work = work_of(overrides)
     manifest = load_manifest(work, first["run_id"])
     warm = manifest.get("warmstart")
@@ -213,5 +213,19 @@ def test_warm_start_is_the_policy_rl_starts_from(prefect_api, overrides):
         versions = {row["policy_version"] for row in catalog.rows(
             "SELECT policy_version FROM rollouts WHERE run_id = ? AND stage = 'rollout'", [rollout.data["data_run_id"]])}
     assert versions == {1}
+    # The learning curve: policy 0 (the warm start's) measured on both splits before RL, policy 1 after it.
+    from lego.pipeline.learning import learning_curve, plot_learning_curve
+
+    curve = learning_curve(manifest)
+    start, after = curve["curve"]
+    assert start["policy"] == 0 and after["policy"] == 1
+    assert start["warmstart"]["steps"] == 3
+    assert start["eval_split"]["attempts"] == 1 and start["train_split_eval"]["attempts"] == 2
+    assert start["train_split"]["attempts"] == 4  # rollout/0's graded samples at policy 0
+    assert 0 <= start["train_split"]["low"] <= start["train_split"]["rate"] <= start["train_split"]["high"] <= 1
+    assert after["eval_split"]["attempts"] == 1 and after["train_split_eval"]["attempts"] == 2
+    assert start["groups"]["in_loss"] == 2 and "loss" in start["train_step"]
+    assert curve["stage_seconds"]["warmstart"] > 0
+    assert plot_learning_curve(curve, work.root / "curve.png").stat().st_size > 0
     again = run(overrides, extra)
     assert "warmstart" in again["served_from_cache"]

@@ -19,6 +19,7 @@ MODULES = {
     "dataset": "lego.bench.dataset",
     "rollout": "lego.bench.rollout",
     "r3": "lego.bench.r3",
+    "learn": "lego.bench.learn",
 }
 
 

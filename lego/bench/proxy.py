@@ -1,11 +1,25 @@
-"""`lego bench proxy`: what the proxy adds per call, against calling the engine directly.
+"""`lego bench proxy`: what the proxy costs per call as a deployment sees it, beside a minimal pass-through.
 
-Workload: mini-swe-agent-shaped sessions (an ~8 KB first prompt, one bash tool, then a tool call and a ~1.5 KB
-observation per turn), each session running its turns in sequence, 1, 8 and 64 sessions at once. The same calls
-go once straight to the engine (prompt ids already known) and once through the proxy over loopback HTTP with
-the openai wire format (the proxy renders and tokenizes only the new messages). Engines: an instant engine
-(a fixed reply, no compute: the proxy's own cost) and the tiny Qwen3-MoE. Client, proxy and engine share one
-process and its cores, so absolute numbers include the client's own work.
+Processes, as in a deployment: the client (every session's harness side) in its own process; an upstream stand-in
+(an aiohttp server that answers every call at once with a fixed tool call, as an engine behind an HTTP API
+would); the reference, a minimal aiohttp pass-through that forwards each request to the upstream and streams its
+answer back; and the proxy (`ProxyServer` over an engine that answers at once with the same tool call). Each server
+reports its own CPU time (`time.process_time`, every thread of the process), so the CPU per call is the server's
+alone, whatever else runs on the machine.
+
+Workload: `sessions` sessions (64) of `turns` turns (4) at once, each session's turns in sequence, for two prompt
+shapes, each streamed and not:
+- mini-swe-agent (OpenAI chat): an ~8 KB / ~2,100-token first prompt (system prompt, the task, one bash tool),
+  then per turn the model's tool call and a ~1.5 KB observation as a tool message.
+- Claude Code (Anthropic messages): an ~80 KB / ~16,500-token first prompt (a long system prompt in two blocks,
+  17 tools with long descriptions), then per turn a tool_use and a ~2 KB tool_result.
+Every session sends the same shared prefix (system prompt and tools), as every session of one harness does.
+
+Measured per target (direct to the upstream, through the pass-through, through the proxy), first turns and later
+turns apart (all sessions finish their first turn before any starts its second): the target server's CPU per call,
+and the client's p50/p90 latency. `added_p50_ms` is a target's p50 minus the direct p50 in the same round; `ratio`
+is proxy over pass-through (CPU per call, added p50). Each configuration runs `rounds` times, targets interleaved;
+the reported numbers are medians over rounds. Set LEGO_BENCH_PROXY_SESSIONS / _TURNS / _ROUNDS for a smaller run.
 """
 
 from __future__ import annotations
@@ -13,41 +27,410 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import multiprocessing
+import os
+import random
 import statistics
 import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from lego.bench import register
-from lego.config import LegoConfig, SamplingConfig
-from lego.engine.base import GenerateResult, SamplingParams
+from lego.config import LegoConfig
+from lego.engine.base import GenerateResult, SamplingParams, TokenChunk
+from lego.errors import LegoError
 from lego.workdir import WorkDir
 
-SYSTEM = "You are a helpful assistant that can interact with a computer. " * 20
-ISSUE = ("Please solve this issue: the function add() in calc.py returns a - b. " * 100)[:8000]
-OBSERVATION = ("test_calc.py::test_add FAILED assert add(2, 3) == 5\n" * 30)[:1500]
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Execute a bash command",
-                                            "parameters": {"type": "object",
-                                                           "properties": {"command": {"type": "string"}},
-                                                           "required": ["command"]}}}]
-REPLY = 'I will run the tests.\n<tool_call>\n{"name": "bash", "arguments": {"command": "pytest -x"}}\n</tool_call>'
+SESSIONS_ENV, TURNS_ENV, ROUNDS_ENV = "LEGO_BENCH_PROXY_SESSIONS", "LEGO_BENCH_PROXY_TURNS", "LEGO_BENCH_PROXY_ROUNDS"
+TARGETS = ("direct", "passthrough", "proxy")
+TARGET_RATIO = 2.0  # the proxy's CPU per call and added p50 on later turns, at most this times the pass-through's
+IM_END = 151645
+STREAM_CHUNK_TOKENS = 4  # tokens per chunk the proxy's engine streams (a real engine streams one to a few)
+STREAM_PIECE_CHARS = 14  # characters per event the upstream streams (about as many tokens)
+START_TIMEOUT_S = 120.0
+
+
+class BenchError(LegoError):
+    """A bench process failed or did not answer; the message says which and why."""
+
+
+# ---------------------------------------------------------------------------------------------- workload
+
+WORDS = ("the a to of and in is that for you it with as on be this are or by file command function test tool "
+         "result output error code should must will can when if not use run read write edit path line directory "
+         "repository change issue patch python bash git diff status commit branch search replace string number "
+         "value default optional required parameter argument example important note always never instead before "
+         "after each every only first last").split()
+CODE = ["def", "return", "self", "import", "None", "True", "False", "class", "assert", "==", "()", "[]", "{}", "->",
+        "x", "y", "i", "n", "args", "kwargs", "print", "calc.py", "test_calc.py", "./", "--", "-e", "`", '"', "'",
+        ":", ",", "."]
+
+
+def _text(rng: random.Random, size: int, code: float = 0.05, newlines: float = 0.08, fresh: float = 0.0) -> str:
+    """Deterministic text of `size` characters, English words mixed with code at the given rate, and at the rate
+    `fresh` words made up on the spot (names, paths, hashes no other text has)."""
+    out, length = [], 0
+    while length < size:
+        if rng.random() < fresh:
+            word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz_") for _ in range(rng.randint(5, 12)))
+        else:
+            word = rng.choice(CODE) if rng.random() < code else rng.choice(WORDS)
+        out.append(word + ("\n" if rng.random() < newlines else " "))
+        length += len(word) + 1
+    return "".join(out)[:size]
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    protocol: str  # openai_chat | anthropic_messages
+    system: list[str]  # system prompt blocks
+    user: str
+    tools: list[dict[str, Any]]  # in the shape's protocol
+    tool_name: str
+    arguments: dict[str, Any]
+    text: str  # what the model writes before its tool call
+    observation_chars: int  # the size of each tool result
+
+    @property
+    def reply(self) -> str:
+        """The model's reply as Qwen3 writes it (what the proxy's engine samples)."""
+        call = json.dumps({"name": self.tool_name, "arguments": self.arguments})
+        return f"{self.text}\n<tool_call>\n{call}\n</tool_call>"
+
+
+def make_shapes(turns: int) -> dict[str, Shape]:
+    rng = random.Random(0)
+    bash = {"type": "function", "function": {
+        "name": "bash", "description": "Execute a bash command in the repository.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+    mini = Shape(name="mini_swe_agent", protocol="openai_chat", system=[_text(rng, 1400)],
+                 user=_text(rng, 6600, code=0.75, newlines=0.15), tools=[bash], tool_name="bash",
+                 arguments={"command": "python -m pytest -x test_calc.py"}, text="I will run the tests.",
+                 observation_chars=1500)
+    rng = random.Random(1)
+    tools = [{"name": f"Tool{i}", "description": _text(rng, 2400),
+              "input_schema": {"type": "object", "required": ["p0"], "properties": {
+                  f"p{j}": {"type": "string", "description": _text(rng, 120)} for j in range(4)}}}
+             for i in range(17)]
+    claude = Shape(name="claude_code", protocol="anthropic_messages",
+                   system=["You are Claude Code, Anthropic's official CLI for Claude.", _text(rng, 25500, code=0.03)],
+                   user=_text(rng, 1200), tools=tools, tool_name="Tool0",
+                   arguments={"p0": "python -m pytest -x test_calc.py", "p1": "Run the tests"},
+                   text="I'll run the tests.", observation_chars=2000)
+    return {mini.name: mini, claude.name: claude}
+
+
+# ---------------------------------------------------------------------------------------------- client side
+
+
+class Conversation:
+    """One session's history in its protocol, grown turn by turn from the answers it gets."""
+
+    def __init__(self, shape: Shape, base_url: str, stream: bool, seed: int = 0) -> None:
+        self.shape, self.base_url, self.stream = shape, base_url, stream
+        self.turn = 0
+        self.seed = seed
+        if shape.protocol == "openai_chat":
+            self.messages: list[dict[str, Any]] = [{"role": "system", "content": shape.system[0]},
+                                                   {"role": "user", "content": shape.user}]
+        else:
+            self.messages = [{"role": "user", "content": [{"type": "text", "text": shape.user}]}]
+
+    def request(self) -> tuple[str, bytes]:
+        shape = self.shape
+        if shape.protocol == "openai_chat":
+            body: dict[str, Any] = {"model": "policy", "messages": self.messages, "tools": shape.tools}
+            if self.stream:
+                body.update(stream=True, stream_options={"include_usage": True})
+            return f"{self.base_url}/v1/chat/completions", json.dumps(body).encode()
+        system = [{"type": "text", "text": text} for text in shape.system]
+        system[-1]["cache_control"] = {"type": "ephemeral"}
+        body = {"model": "policy", "max_tokens": 4096, "system": system, "tools": shape.tools,
+                "messages": self.messages, "stream": self.stream}
+        return f"{self.base_url}/v1/messages", json.dumps(body).encode()
+
+    def answered(self, content: str, call_id: str, name: str, arguments: str) -> None:
+        # every session's tool results are its own: test output, with names no other session's output has
+        rng = random.Random(self.seed * 1000 + self.turn)
+        observation = _text(rng, self.shape.observation_chars, code=0.5, newlines=0.15, fresh=0.03)
+        self.turn += 1
+        if self.shape.protocol == "openai_chat":
+            self.messages += [{"role": "assistant", "content": content, "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": call_id, "content": f"{self.turn}\n{observation}"}]
+        else:
+            self.messages += [{"role": "assistant", "content": [
+                {"type": "text", "text": content},
+                {"type": "tool_use", "id": call_id, "name": name, "input": json.loads(arguments)}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
+                                              "content": f"{self.turn}\n{observation}"}]}]
+
+
+async def _read_answer(response, conversation: Conversation) -> None:
+    """Read one answer (JSON or SSE) and grow the conversation from it, as the harness would."""
+    if response.status != 200:
+        raise BenchError(f"{conversation.base_url} answered {response.status}: {(await response.text())[:500]}")
+    openai = conversation.shape.protocol == "openai_chat"
+    if not conversation.stream:
+        body = await response.json()
+        if openai:
+            message = body["choices"][0]["message"]
+            call = message["tool_calls"][0]
+            conversation.answered(message.get("content") or "", call["id"], call["function"]["name"],
+                                  call["function"]["arguments"])
+        else:
+            text = "".join(block["text"] for block in body["content"] if block["type"] == "text")
+            use = next(block for block in body["content"] if block["type"] == "tool_use")
+            conversation.answered(text, use["id"], use["name"], json.dumps(use["input"]))
+        return
+    text, call_id, name, arguments = [], "", "", []
+    async for raw in response.content:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if openai:
+            for choice in event.get("choices") or []:
+                delta = choice["delta"]
+                text.append(delta.get("content") or "")
+                for call in delta.get("tool_calls") or []:
+                    call_id = call.get("id") or call_id
+                    name = call.get("function", {}).get("name") or name
+                    arguments.append(call.get("function", {}).get("arguments") or "")
+        elif event["type"] == "content_block_start" and event["content_block"]["type"] == "tool_use":
+            call_id, name = event["content_block"]["id"], event["content_block"]["name"]
+        elif event["type"] == "content_block_delta":
+            delta = event["delta"]
+            text.append(delta.get("text", ""))
+            arguments.append(delta.get("partial_json", ""))
+    if not call_id:
+        raise BenchError(f"a streamed answer from {conversation.base_url} had no tool call")
+    conversation.answered("".join(text), call_id, name, "".join(arguments))
+
+
+async def _turns(http, conversations: list[Conversation], turns: int) -> list[float]:
+    latencies: list[float] = []
+
+    async def one(conversation: Conversation) -> None:
+        for _ in range(turns):
+            url, body = conversation.request()
+            start = time.perf_counter()
+            async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+                await _read_answer(response, conversation)
+            latencies.append(time.perf_counter() - start)
+
+    await asyncio.gather(*(one(conversation) for conversation in conversations))
+    return latencies
+
+
+async def _client_main(conn, turns: int) -> None:
+    import aiohttp
+
+    shapes = make_shapes(turns)
+    loop = asyncio.get_running_loop()
+    conversations: list[Conversation] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=600)) as http:
+        conn.send(("ready", None))
+        while True:
+            command, argument = await loop.run_in_executor(None, conn.recv)
+            try:
+                if command == "stop":
+                    return
+                if command == "begin":  # (shape, stream, base urls): every session's first turn
+                    shape, stream, urls = argument
+                    seed = random.randrange(1 << 30)  # fresh tool results in every run
+                    conversations = [Conversation(shapes[shape], url, stream, seed + index)
+                                     for index, url in enumerate(urls)]
+                    conn.send(("ok", await _turns(http, conversations, 1)))
+                elif command == "continue":  # the later turns
+                    conn.send(("ok", await _turns(http, conversations, argument)))
+            except Exception as exc:  # the orchestrator reports it
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _client_process(conn, turns: int) -> None:
+    asyncio.run(_client_main(conn, turns))
+
+
+# ---------------------------------------------------------------------------------------------- upstream stand-in
+
+
+def _sse(kind: str | None, data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data)
+    return (f"event: {kind}\n" if kind else "").encode() + f"data: {payload}\n\n".encode()
+
+
+def _pieces(text: str) -> list[str]:
+    """A text as an engine's server streams it: a few tokens per event."""
+    return [text[start:start + STREAM_PIECE_CHARS] for start in range(0, len(text), STREAM_PIECE_CHARS)] or [""]
+
+
+def canned_answers(shape: Shape) -> tuple[bytes, list[bytes]]:
+    """The upstream's answer to every call of a shape: the JSON body, and the SSE events of the streamed form (the
+    text and the tool call's arguments a few tokens per event, as an engine's server with a tool parser sends)."""
+    arguments = json.dumps(shape.arguments)
+    if shape.protocol == "openai_chat":
+        call = {"id": "call_0", "type": "function", "function": {"name": shape.tool_name, "arguments": arguments}}
+        base = {"id": "chatcmpl-0", "object": "chat.completion.chunk", "created": 0, "model": "policy"}
+        usage = {"prompt_tokens": 2000, "completion_tokens": 40, "total_tokens": 2040}
+        body = {**base, "object": "chat.completion", "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": shape.text, "tool_calls": [call]}}], "usage": usage}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            return _sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+        events = [chunk({"role": "assistant", "content": ""}),
+                  *(chunk({"content": piece}) for piece in _pieces(shape.text)),
+                  chunk({"tool_calls": [{"index": 0, "id": "call_0", "type": "function",
+                                         "function": {"name": shape.tool_name, "arguments": ""}}]}),
+                  *(chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+                    for piece in _pieces(arguments)),
+                  chunk({}, "tool_calls"), _sse(None, {**base, "choices": [], "usage": usage}), _sse(None, "[DONE]")]
+        return json.dumps(body).encode(), events
+    usage = {"input_tokens": 16000, "output_tokens": 40}
+    content = [{"type": "text", "text": shape.text},
+               {"type": "tool_use", "id": "toolu_0", "name": shape.tool_name, "input": shape.arguments}]
+    message = {"id": "msg_0", "type": "message", "role": "assistant", "model": "policy", "content": content,
+               "stop_reason": "tool_use", "stop_sequence": None, "usage": usage}
+    events = [_sse("message_start", {"type": "message_start", "message": {**message, "content": [],
+                                                                          "stop_reason": None}}),
+              _sse("ping", {"type": "ping"}),
+              _sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                           "content_block": {"type": "text", "text": ""}}),
+              *(_sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                             "delta": {"type": "text_delta", "text": piece}})
+                for piece in _pieces(shape.text)),
+              _sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+              _sse("content_block_start", {"type": "content_block_start", "index": 1, "content_block": {
+                  "type": "tool_use", "id": "toolu_0", "name": shape.tool_name, "input": {}}}),
+              *(_sse("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                             "delta": {"type": "input_json_delta", "partial_json": piece}})
+                for piece in _pieces(arguments)),
+              _sse("content_block_stop", {"type": "content_block_stop", "index": 1}),
+              _sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use"},
+                                     "usage": {"output_tokens": 40}}),
+              _sse("message_stop", {"type": "message_stop"})]
+    return json.dumps(message).encode(), events
+
+
+async def _serve(conn, make_app: Callable[[], Any], on_command: Callable[[str, Any], Any] | None = None) -> None:
+    """Serve an aiohttp app on a free loopback port; answer control commands (cpu, stop, others) on `conn`."""
+    from aiohttp import web
+
+    runner = web.AppRunner(make_app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    conn.send(("ready", port))
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            command, argument = await loop.run_in_executor(None, conn.recv)
+            if command == "stop":
+                return
+            if command == "cpu":
+                conn.send(("ok", time.process_time()))
+            elif on_command is not None:
+                try:
+                    conn.send(("ok", await on_command(command, argument)))
+                except Exception as exc:
+                    conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        await runner.cleanup()
+
+
+def _upstream_process(conn, turns: int) -> None:
+    from aiohttp import web
+
+    answers = {shape.protocol: canned_answers(shape) for shape in make_shapes(turns).values()}
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        protocol = "anthropic_messages" if request.path.endswith("/v1/messages") else "openai_chat"
+        whole, events = answers[protocol]
+        if not body.get("stream"):
+            return web.Response(body=whole, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(event)
+        await response.write_eof()
+        return response
+
+    def app():
+        application = web.Application(client_max_size=64 * 1024 * 1024)
+        application.router.add_post("/{tail:.*}", answer)
+        return application
+
+    asyncio.run(_serve(conn, app))
+
+
+def _passthrough_process(conn, upstream: str) -> None:
+    """The reference: the least an HTTP hop in front of the engine does (forward the body, stream the answer)."""
+    import aiohttp
+    from aiohttp import web
+
+    async def main() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            async def forward(request: web.Request) -> web.StreamResponse:
+                body = await request.read()
+                async with http.post(upstream + request.path_qs, data=body,
+                                     headers={"Content-Type": "application/json"}) as answer:
+                    kind = answer.headers.get("Content-Type", "application/json")
+                    if not kind.startswith("text/event-stream"):
+                        return web.Response(body=await answer.read(), status=answer.status,
+                                            headers={"Content-Type": kind})
+                    response = web.StreamResponse(status=answer.status, headers={"Content-Type": kind})
+                    await response.prepare(request)
+                    async for data in answer.content.iter_any():
+                        await response.write(data)
+                    await response.write_eof()
+                    return response
+
+            def app():
+                application = web.Application(client_max_size=64 * 1024 * 1024)
+                application.router.add_post("/{tail:.*}", forward)
+                return application
+
+            await _serve(conn, app)
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------- the proxy
 
 
 class InstantEngine:
-    """Answers every prompt at once with the same tool-call reply: measures the proxy, not a model."""
+    """Answers every prompt at once with the shape's tool call (streamed in small chunks): the proxy's own cost."""
 
     def __init__(self, tokenizer, max_context: int = 131072) -> None:
-        self.reply_ids = list(tokenizer.encode(REPLY, add_special_tokens=False)) + [151645]
+        self.tokenizer = tokenizer
+        self.reply_ids: list[int] = [IM_END]
         self.max_context = max_context
-        self.eos_token_ids = (151645,)
+        self.eos_token_ids = (IM_END,)
         self.policy_version = 0
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+    def answer_with(self, text: str) -> None:
+        self.reply_ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [IM_END]
+
+    def _result(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         ids = self.reply_ids[: sampling.max_tokens]
         return GenerateResult(token_ids=ids, logprobs=[-0.5] * len(ids), routed_experts=None,
-                              finish_reason="stop" if len(ids) == len(self.reply_ids) else "length",
-                              prompt_tokens=len(prompt_ids))
+                              finish_reason="stop" if ids[-1] == IM_END else "length", prompt_tokens=len(prompt_ids))
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        return self._result(prompt_ids, sampling)
+
+    async def stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+        result = self._result(prompt_ids, sampling)
+        ids = result.token_ids
+        for start in range(0, len(ids), STREAM_CHUNK_TOKENS):
+            end = start + STREAM_CHUNK_TOKENS
+            yield TokenChunk(ids[start:end], result if end >= len(ids) else None)
 
     async def score(self, token_ids: list[int]) -> list[float]:
         return [0.0] * len(token_ids)
@@ -56,90 +439,220 @@ class InstantEngine:
         self.policy_version = policy_version
 
 
-def _summary(latencies: list[float], wall: float) -> dict[str, float]:
-    ordered = sorted(latencies)
-    return {"calls": len(ordered), "p50_ms": round(1000 * statistics.median(ordered), 3),
-            "p90_ms": round(1000 * ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)], 3),
-            "calls_per_s": round(len(ordered) / wall, 1)}
-
-
-async def _direct(engine, prompt_ids: list[int], sessions: int, turns: int, sampling: SamplingParams) -> dict:
-    latencies: list[float] = []
-
-    async def one() -> None:
-        for _ in range(turns):
-            start = time.perf_counter()
-            await engine.generate(prompt_ids, sampling)
-            latencies.append(time.perf_counter() - start)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(sessions)))
-    return _summary(latencies, time.perf_counter() - start)
-
-
-async def _through_proxy(server, sessions: int, turns: int) -> dict:
-    latencies: list[float] = []
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as http:
-        async def one() -> None:
-            session = server.open_session()
-            messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                              {"role": "user", "content": ISSUE}]
-            for turn in range(turns):
-                body = json.dumps({"model": "policy", "messages": messages, "tools": TOOLS})
-                start = time.perf_counter()
-                async with http.post(f"{session.openai_base_url}/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"}) as response:
-                    answer = await response.json()
-                latencies.append(time.perf_counter() - start)
-                message = answer["choices"][0]["message"]
-                message.pop("reasoning_content", None)
-                messages.append(message)
-                call_id = (message.get("tool_calls") or [{"id": "none"}])[0]["id"]
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": f"{turn}\n{OBSERVATION}"})
-            server.close_session(session.id)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(sessions)))
-        return _summary(latencies, time.perf_counter() - start)
-
-
-async def _compare(engine, tokenizer, label: str, concurrency: list[int], turns: int, max_tokens: int) -> dict:
+def _proxy_process(conn, turns: int) -> None:
+    from lego.config import SamplingConfig
+    from lego.engine.tokenizer import load_tokenizer
     from lego.proxy import ProxyServer
 
-    sampling = SamplingConfig(max_tokens=max_tokens)
-    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=tuple(engine.eos_token_ids))
-    prompt = tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": ISSUE}],
-                                           tools=TOOLS, tokenize=True, add_generation_prompt=True,
-                                           return_dict=True)["input_ids"]
-    results: dict[str, Any] = {"engine": label, "prompt_tokens_first_call": len(prompt), "turns_per_session": turns}
-    async with ProxyServer(engine, tokenizer, sampling, unix_socket=False) as server:
-        await engine.generate(list(prompt), params)  # warm-up
-        await _through_proxy(server, 1, 1)
-        for sessions in concurrency:
-            direct = await _direct(engine, list(prompt), sessions, turns, params)
-            proxied = await _through_proxy(server, sessions, turns)
-            results[f"c{sessions}"] = {"direct": direct, "proxy": proxied,
-                                       "added_p50_ms": round(proxied["p50_ms"] - direct["p50_ms"], 3)}
-    return results
+    tokenizer = load_tokenizer()
+    shapes = make_shapes(turns)
+    engine = InstantEngine(tokenizer)
+
+    async def main() -> None:
+        server = await ProxyServer(engine, tokenizer, SamplingConfig(max_tokens=512), unix_socket=False).start()
+        opened: list[str] = []
+        loop = asyncio.get_running_loop()
+        conn.send(("ready", server.port))
+        try:
+            while True:
+                command, argument = await loop.run_in_executor(None, conn.recv)
+                if command == "stop":
+                    return
+                try:
+                    if command == "cpu":
+                        conn.send(("ok", time.process_time()))
+                    elif command == "open":  # (shape, sessions): fresh sessions answering with the shape's call
+                        shape, count = argument
+                        engine.answer_with(shapes[shape].reply)
+                        sessions = [server.open_session() for _ in range(count)]
+                        opened = [session.id for session in sessions]
+                        conn.send(("ok", [session.base_url for session in sessions]))
+                    elif command == "close":
+                        for session_id in opened:
+                            server.close_session(session_id)
+                        opened = []
+                        conn.send(("ok", None))
+                except Exception as exc:
+                    conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------- orchestration
+
+
+class _Child:
+    def __init__(self, context, name: str, target, *args) -> None:
+        self.name = name
+        self.conn, child_end = context.Pipe()
+        self.process = context.Process(target=target, args=(child_end, *args), name=f"lego-bench-{name}", daemon=True)
+        self.process.start()
+        self.ready = self.wait(START_TIMEOUT_S)
+
+    def wait(self, timeout: float = 600.0):
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(1.0):
+            if not self.process.is_alive():
+                raise BenchError(f"the bench's {self.name} process exited with code {self.process.exitcode} "
+                                 "(its error is printed above)")
+            if time.monotonic() > deadline:
+                raise BenchError(f"the bench's {self.name} process did not answer within {timeout:.0f} s")
+        status, value = self.conn.recv()
+        if status == "error":
+            raise BenchError(f"the bench's {self.name} process failed: {value}")
+        return value
+
+    def ask(self, command: str, argument: Any = None, timeout: float = 600.0):
+        self.conn.send((command, argument))
+        return self.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.conn.send(("stop", None))
+            except OSError:
+                pass
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+
+
+def _latency(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"calls": len(ordered), "p50_ms": round(1000 * statistics.median(ordered), 3),
+            "p90_ms": round(1000 * ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)], 3)}
+
+
+def _run_target(target: str, servers: dict[str, _Child], client: _Child, shape: str, stream: bool,
+                sessions: int, turns: int) -> dict[str, Any]:
+    server = servers["upstream" if target == "direct" else target]
+    if target == "proxy":
+        urls = server.ask("open", (shape, sessions))
+    else:
+        urls = [f"http://127.0.0.1:{server.ready}/s/bench"] * sessions
+    phases: dict[str, Any] = {}
+    cpu = server.ask("cpu")
+    first = client.ask("begin", (shape, stream, urls))
+    after_first = server.ask("cpu")
+    phases["first_turn"] = {**_latency(first), "cpu_ms_per_call": 1000 * (after_first - cpu) / len(first)}
+    if turns > 1:
+        later = client.ask("continue", turns - 1)
+        end = server.ask("cpu")
+        phases["later_turns"] = {**_latency(later), "cpu_ms_per_call": 1000 * (end - after_first) / len(later)}
+    if target == "proxy":
+        server.ask("close")
+    return phases
+
+
+def _median_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per target and phase, the median over rounds of each number (calls summed)."""
+    merged: dict[str, Any] = {}
+    for target in TARGETS:
+        merged[target] = {}
+        for phase in rounds[0][target]:
+            rows = [one[target][phase] for one in rounds]
+            merged[target][phase] = {key: (sum(row[key] for row in rows) if key == "calls" else
+                                           round(statistics.median(row[key] for row in rows), 3))
+                                     for key in rows[0]}
+    return merged
+
+
+def _compare(merged: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Added p50 (per round, against that round's direct p50) and the proxy / pass-through ratios."""
+    out: dict[str, Any] = {}
+    for phase in merged["proxy"]:
+        row: dict[str, Any] = {}
+        for target in ("passthrough", "proxy"):
+            added = [one[target][phase]["p50_ms"] - one["direct"][phase]["p50_ms"] for one in rounds]
+            row[target] = {"cpu_ms_per_call": merged[target][phase]["cpu_ms_per_call"],
+                           "added_p50_ms": round(statistics.median(added), 3),
+                           "p50_ms": merged[target][phase]["p50_ms"], "p90_ms": merged[target][phase]["p90_ms"]}
+        row["direct"] = {"p50_ms": merged["direct"][phase]["p50_ms"],
+                         "upstream_cpu_ms_per_call": merged["direct"][phase]["cpu_ms_per_call"]}
+        proxy, passthrough = row["proxy"], row["passthrough"]
+        row["ratio"] = {
+            "cpu_per_call": round(proxy["cpu_ms_per_call"] / max(passthrough["cpu_ms_per_call"], 1e-9), 2),
+            # The pass-through's added p50 is a fraction of a millisecond at low load: floored at 0.05 ms.
+            "added_p50": round(max(proxy["added_p50_ms"], 0.0) / max(passthrough["added_p50_ms"], 0.05), 2)}
+        out[phase] = row
+    return out
+
+
+def _count_tokens(tokenizer, shape: Shape) -> int:
+    from lego.proxy import anthropic, openai_chat
+
+    first = Conversation(shape, "", False)
+    body = json.loads(first.request()[1])
+    module = openai_chat if shape.protocol == "openai_chat" else anthropic
+    conversation, _ = module.parse_request(body)
+    return len(tokenizer.apply_chat_template(conversation.template_messages(), tools=conversation.tools or None,
+                                             tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+
+def run_bench(sessions: int = 64, turns: int = 4, rounds: int = 3,
+              shape_names: tuple[str, ...] = ("mini_swe_agent", "claude_code"),
+              modes: tuple[bool, ...] = (False, True)) -> dict[str, Any]:
+    from lego.engine.tokenizer import ensure_tokenizer, load_tokenizer
+
+    ensure_tokenizer()  # fetched once here, not by each process
+    started = time.perf_counter()
+    shapes = make_shapes(turns)
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads and a tokenizer
+    children: list[_Child] = []
+    try:
+        upstream = _Child(context, "upstream", _upstream_process, turns)
+        children.append(upstream)
+        passthrough = _Child(context, "passthrough", _passthrough_process, f"http://127.0.0.1:{upstream.ready}")
+        children.append(passthrough)
+        proxy = _Child(context, "proxy", _proxy_process, turns)
+        children.append(proxy)
+        client = _Child(context, "client", _client_process, turns)
+        children.append(client)
+        servers = {"upstream": upstream, "passthrough": passthrough, "proxy": proxy}
+        tokenizer = load_tokenizer()
+        results: dict[str, Any] = {}
+        for name in shape_names:
+            shape = shapes[name]
+            results[name] = {"protocol": shape.protocol, "first_prompt_tokens": _count_tokens(tokenizer, shape),
+                             "first_request_kb": round(len(Conversation(shape, "", False).request()[1]) / 1024, 1)}
+            for stream in modes:
+                for target in TARGETS:  # warm-up: connections, caches, the proxy's shared prefix
+                    _run_target(target, servers, client, name, stream, min(sessions, 4), min(turns, 2))
+                per_round = []
+                for _ in range(rounds):
+                    per_round.append({target: _run_target(target, servers, client, name, stream, sessions, turns)
+                                      for target in TARGETS})
+                results[name]["stream" if stream else "non_stream"] = _compare(_median_rounds(per_round), per_round)
+    finally:
+        for child in reversed(children):
+            child.stop()
+    later = [results[name][mode]["later_turns"]["ratio"] for name in shape_names
+             for mode in ("non_stream", "stream") if mode in results[name] and turns > 1]
+    return {"benchmark": "proxy", "sessions": sessions, "turns": turns, "rounds": rounds, "cpu_count": os.cpu_count(),
+            "results": results,
+            "target": {"ratio_max": TARGET_RATIO,
+                       "later_turns_met": bool(later) and all(r["cpu_per_call"] <= TARGET_RATIO
+                                                              and r["added_p50"] <= TARGET_RATIO for r in later)},
+            "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BenchError(f"{name}={raw!r} is not a whole number; unset it or give one such as 8") from None
+    if value < 1:
+        raise BenchError(f"{name} must be at least 1, got {value}")
+    return value
 
 
 @register("proxy")
 def bench_proxy(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
-    from lego.engine.checkpoint import default_model_path, init_tiny_model
-    from lego.engine.tokenizer import load_tokenizer
-    from lego.engine.transformers_engine import TransformersEngine
-
-    tokenizer = load_tokenizer()
-    started = time.perf_counter()
-    instant = asyncio.run(_compare(InstantEngine(tokenizer), tokenizer, "instant", [1, 8, 64], turns=4,
-                                   max_tokens=64))
-    model_path = init_tiny_model(config.model.init, default_model_path(config, work), seed=config.project.seed)
-    engine = TransformersEngine(model_path, dtype="float32", device="cpu", max_batch_size=config.engine.max_batch_size,
-                                batch_wait_ms=config.engine.batch_wait_ms)
-    try:
-        tiny = asyncio.run(_compare(engine, tokenizer, "tiny-qwen3-moe", [1, 8, 64], turns=1, max_tokens=8))
-    finally:
-        engine.close()
-    return {"benchmark": "proxy", "instant": instant, "tiny_model": tiny,
-            "wall_s": round(time.perf_counter() - started, 1)}
+    return run_bench(sessions=_env_int(SESSIONS_ENV, 64), turns=_env_int(TURNS_ENV, 4),
+                     rounds=_env_int(ROUNDS_ENV, 3))

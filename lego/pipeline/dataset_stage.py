@@ -48,7 +48,10 @@ def run_dataset_stage(ctx: StageContext, verify: StageResult) -> StageResult:
         rewards = [row["reward"] for row in rows if row["reward"] is not None]
         metrics = {"rollouts": len(rows), "in_loss": len(in_loss), "groups_in_loss": len(groups),
                    "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
-                   "nonzero_advantages": sum(1 for row in in_loss if abs(row["advantage"] or 0) > 1e-9)}
+                   "nonzero_advantages": sum(1 for row in in_loss if abs(row["advantage"] or 0) > 1e-9),
+                   # GRPO groups whose rewards differ: the only ones that move the policy
+                   "groups_with_signal": len({row["task_id"] for row in in_loss
+                                              if abs(row["advantage"] or 0) > 1e-9})}
         for reason in ("infra_error", "group_too_small", "not_graded"):
             metrics[f"excluded.{reason}"] = sum(1 for row in rows if row["excluded_reason"] == reason)
         return StageOutput(metrics=metrics, outputs={"advantages": path},

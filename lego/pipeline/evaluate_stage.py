@@ -1,5 +1,6 @@
-"""Stage `evaluate`: the harness on the evaluation split at the current policy, graded by the verifier: resolved
-rate with a Wilson interval, infra failures reported apart."""
+"""Stage `evaluate` (and `baseline`, the same before RL): the harness on the evaluation split (and the training
+split, with eval.splits) at a policy, graded by the verifier: resolved rate with a Wilson interval, infra failures
+reported apart. The eval split's metrics are unprefixed; the train split's are prefixed `train.`."""
 
 from __future__ import annotations
 
@@ -18,27 +19,45 @@ from lego.pipeline.verify_stage import grading_settings, write_outcomes
 STAGE = "evaluate"
 
 
-def run_evaluate_stage(ctx: StageContext, tasks_result: StageResult, policy: Policy, iteration: int) -> StageResult:
+SPLIT_TASKS = {"eval": "eval_tasks", "train": "train_tasks"}
+
+
+def run_evaluate_stage(ctx: StageContext, tasks_result: StageResult, policy: Policy, iteration: int | None,
+                       stage: str = STAGE) -> StageResult:
+    """`iteration`: the RL iteration whose policy this is (None for `baseline`, the policy before RL)."""
     inputs = {"tasks": tasks_result.key, "policy": policy.key, "eval": ctx.config.section_dict("eval"),
               **rollout_settings(ctx), **grading_settings(ctx)}
 
     def compute(directory: Path) -> StageOutput:
-        data_run_id = f"eval-{directory.name[:16]}"
-        _, outcomes = attempt_and_grade(ctx, tasks_result, "eval_tasks", policy, data_run_id=data_run_id, stage=STAGE,
-                                        samples=ctx.config.eval.samples_per_task, iteration=iteration)
-        with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
-            rows = catalog.rows("SELECT rollout_id, num_turns, num_tokens FROM rollouts WHERE run_id = ? AND "
-                                "stage = ? AND iteration = ?", [data_run_id, STAGE, iteration])
-        stats = {row["rollout_id"]: (int(row["num_turns"] or 0), int(row["num_tokens"] or 0)) for row in rows}
-        report = summarize_outcomes(outcomes, stats, harness=ctx.config.harness.name,
-                                    policy_version=policy.version, confidence=ctx.config.eval.confidence)
-        DatasetWriter(ctx.work, data_run_id).append_eval_results(
-            [EvalResult(o.task_id, ctx.config.harness.name, policy.version, o.kind, o.rollout_id) for o in outcomes],
-            iteration)
-        (directory / "report.json").write_text(report.model_dump_json(indent=2))
-        return StageOutput(metrics=report.metrics(),
-                           outputs={"eval_report": directory / "report.json",
-                                    "eval_outcomes": write_outcomes(directory / "outcomes.json", outcomes)},
-                           data={"data_run_id": data_run_id, **policy.as_data(), "harness": ctx.config.harness.name})
+        metrics: dict[str, float] = {}
+        outputs: dict[str, Path] = {}
+        data: dict = {**policy.as_data(), "harness": ctx.config.harness.name}
+        for split in ctx.config.eval.splits:
+            suffix = "" if split == "eval" else f"-{split}"
+            data_run_id = f"eval{suffix}-{directory.name[:16]}"
+            report, outcomes = _evaluate_split(ctx, tasks_result, policy, split, data_run_id, iteration or 0)
+            (directory / f"report{suffix}.json").write_text(report.model_dump_json(indent=2))
+            outputs[f"eval_report{suffix}"] = directory / f"report{suffix}.json"
+            outputs[f"eval_outcomes{suffix}"] = write_outcomes(directory / f"outcomes{suffix}.json", outcomes)
+            prefix = "" if split == "eval" else f"{split}."
+            metrics.update({f"{prefix}{name}": value for name, value in report.metrics().items()})
+            data[f"data_run_id{suffix.replace('-', '_')}"] = data_run_id
+        return StageOutput(metrics=metrics, outputs=outputs, data=data)
 
-    return run_cached(ctx, STAGE, iteration, inputs, compute)
+    return run_cached(ctx, stage, iteration, inputs, compute)
+
+
+def _evaluate_split(ctx: StageContext, tasks_result: StageResult, policy: Policy, split: str, data_run_id: str,
+                    iteration: int):
+    _, outcomes = attempt_and_grade(ctx, tasks_result, SPLIT_TASKS[split], policy, data_run_id=data_run_id,
+                                    stage=STAGE, samples=ctx.config.eval.samples_per_task, iteration=iteration)
+    with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
+        rows = catalog.rows("SELECT rollout_id, num_turns, num_tokens FROM rollouts WHERE run_id = ? AND "
+                            "stage = ? AND iteration = ?", [data_run_id, STAGE, iteration])
+    stats = {row["rollout_id"]: (int(row["num_turns"] or 0), int(row["num_tokens"] or 0)) for row in rows}
+    report = summarize_outcomes(outcomes, stats, harness=ctx.config.harness.name,
+                                policy_version=policy.version, confidence=ctx.config.eval.confidence)
+    DatasetWriter(ctx.work, data_run_id).append_eval_results(
+        [EvalResult(o.task_id, ctx.config.harness.name, policy.version, o.kind, o.rollout_id) for o in outcomes],
+        iteration)
+    return report, outcomes

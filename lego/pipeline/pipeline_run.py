@@ -21,7 +21,7 @@ from lego.pipeline.policy import Policy
 from lego.pipeline.runners import load_runner
 from lego.workdir import WorkDir
 
-STAGES = ("taskset", "warmstart", "filter", "rollout", "verify", "dataset", "train", "evaluate")
+STAGES = ("taskset", "warmstart", "filter", "baseline", "rollout", "verify", "dataset", "train", "evaluate")
 ITERATED = ("rollout", "verify", "dataset", "train", "evaluate")
 
 _runs: dict[str, PipelineRun] = {}
