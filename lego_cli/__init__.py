@@ -195,6 +195,14 @@ def _print_run_summary(cfg, work, summary: dict) -> None:
         table.add_row(label, "[cyan]cached[/]" if info["cached"] else "[green]computed[/]",
                       f"{info['seconds']:.1f}", escape(info["path"]))
     out.print(table)
+    from lego.pipeline.manifest import load_manifest
+
+    for label, result in load_manifest(work, summary["run_id"]).stages.items():
+        if result.stage == "train":
+            metrics = result.metrics
+            out.print(f"{label}: {int(metrics.get('groups_with_signal', 0))} of {int(metrics.get('groups', 0))} GRPO "
+                      "groups had signal" + ("" if metrics.get("trained") else "; no update (the policy keeps its "
+                                                                                   "version)"))
     for label, metrics in summary.get("evaluations", {}).items():
         rate = metrics.get("resolved_rate")
         out.print(f"{label}: resolved {int(metrics.get('resolved', 0))}/{int(metrics.get('attempts', 0))}"

@@ -14,8 +14,9 @@ from fixtures_model import fp32_engine, tiny_model_path  # noqa: F401
 from lego.config import TrainConfig
 from lego.engine.base import SamplingParams
 from lego.engine.checkpoint import MARKER, load_model, policy_version
+from lego.train import trainer as trainer_module
 from lego.train.replay import RoutingReplayError, replay_routing
-from lego.train.trainer import TrainBatch, Trainer, TrainError, plan_micro_batches
+from lego.train.trainer import TrainBatch, Trainer, TrainError, collate, plan_micro_batches, token_logprobs
 
 PROMPTS = [[151644, 872, 198, 9707 + i, 11, 151645, 198, 151644, 77091, 198] for i in range(4)]
 
@@ -147,3 +148,103 @@ def test_misaligned_batch_and_kl_without_reference_raise(tiny_model_path, batch)
 def test_micro_batch_plan_respects_the_token_budget():
     assert plan_micro_batches([10, 10, 10, 40, 5], 30) == [[0, 1, 2], [3], [4]]
     assert plan_micro_batches([10, 30, 10], 60) == [[0, 1], [2]]
+
+
+def with_advantages(batch: TrainBatch, advantages: list, group_ids: list[str] | None = None) -> TrainBatch:
+    return TrainBatch(batch.input_ids, batch.response_mask, batch.inference_logprobs, advantages,
+                      batch.routed_experts, group_ids=group_ids)
+
+
+def forwarded_sequences(trainer: Trainer, batch: TrainBatch) -> tuple[list, list[int]]:
+    """A hook on the embedding that names each batch sequence the model runs on (rows match by their tokens)."""
+    seen: list[int] = []
+
+    def hook(_module, inputs, _output) -> None:
+        for row in inputs[0]:
+            for i, ids in enumerate(batch.input_ids):
+                if torch.equal(row[:len(ids)], torch.as_tensor(ids.astype(np.int64))):
+                    seen.append(i)
+                    break
+            else:
+                raise AssertionError("the model ran on a sequence that is not in the batch")
+
+    return [trainer.model.model.embed_tokens.register_forward_hook(hook)], seen
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_zero_advantage_sequences_are_skipped_and_the_gradient_stays_verls(tiny_model_path, batch, agg, monkeypatch):
+    monkeypatch.setattr(trainer_module, "LOGIT_ROWS", 5)  # the LM head in several row chunks per micro-batch
+    mixed = with_advantages(batch, [1.0, 0.0, -0.5, 0.0], ["a", "b", "a", "b"])  # group b has no variance
+    config = TrainConfig(loss_agg_mode=agg, micro_batch_tokens=64, lr=1e-9, measure_routing_drift=False)
+    trainer = Trainer(tiny_model_path, config)
+    trainer.optimizer.step = lambda: None  # keep the gradients for comparison
+    handles, seen = forwarded_sequences(trainer, mixed)
+    try:
+        metrics = trainer.step(mixed)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert sorted(seen) == [0, 2]
+    assert (metrics["sequences"], metrics["sequences_with_signal"], metrics["sequences_skipped"]) == (4, 2, 2)
+    assert (metrics["groups"], metrics["groups_with_signal"], metrics["groups_skipped"]) == (2, 1, 1)
+    assert metrics["optimizer_steps"] == 1
+    assert metrics["response_tokens"] == sum(int(mixed.response_mask[i].sum()) for i in (0, 2))
+    assert metrics["response_tokens_skipped"] == sum(int(mixed.response_mask[i].sum()) for i in (1, 3))
+    # the skipped sequences still count in the loss's mean: the step is verl's on the whole batch
+    expected_loss, expected_grads = reference_loss(tiny_model_path, mixed, config)
+    assert metrics["loss"] == pytest.approx(expected_loss, abs=1e-6)
+    scale = min(1.0, config.grad_clip / max(metrics["grad_norm"], 1e-12))
+    for name, param in trainer.model.named_parameters():
+        if name in expected_grads:
+            torch.testing.assert_close(param.grad, expected_grads[name] * scale, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_a_batch_without_signal_computes_nothing_and_keeps_the_weights(tiny_model_path, batch):
+    # per-token advantages that are non-zero only on prompt tokens carry no signal either
+    on_prompt = [np.where(mask == 0, 1.0, 0.0).astype(np.float32) for mask in batch.response_mask]
+    for advantages in ([0.0, 0.0, 1e-12, -0.0], on_prompt):
+        flat = with_advantages(batch, advantages, ["a", "a", "b", "b"])
+        assert flat.has_signal() == [False] * 4
+        trainer = Trainer(tiny_model_path, TrainConfig(lr=1e-2, weight_decay=0.1))
+        before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+        handles, seen = forwarded_sequences(trainer, flat)
+        try:
+            metrics = trainer.step(flat)
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert seen == []
+        assert metrics["optimizer_steps"] == 0 and trainer.steps == 0
+        assert (metrics["sequences_with_signal"], metrics["sequences_skipped"]) == (0, 4)
+        assert (metrics["groups_with_signal"], metrics["groups_skipped"]) == (0, 2)
+        assert metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
+        for name, param in trainer.model.named_parameters():
+            assert torch.equal(param.detach(), before[name]), name
+
+
+@pytest.mark.parametrize("term", ["entropy_coeff", "kl_coef"])
+def test_entropy_and_kl_terms_still_train_zero_advantage_sequences(tiny_model_path, batch, term):
+    flat = with_advantages(batch, [0.0] * 4)
+    if term == "kl_coef":
+        # a reference policy other than the current one, so the KL term has a gradient
+        flat.ref_logprobs = [lp - 0.5 * mask for lp, mask in zip(batch.inference_logprobs, batch.response_mask,
+                                                                 strict=True)]
+    metrics = Trainer(tiny_model_path, TrainConfig(**{term: 0.1}, measure_routing_drift=False)).step(flat)
+    assert (metrics["sequences_with_signal"], metrics["sequences_trained"], metrics["sequences_skipped"]) == (0, 4, 0)
+    assert "groups" not in metrics  # the batch names no groups
+    assert metrics["optimizer_steps"] == 1 and metrics["grad_norm"] > 0
+
+
+def test_log_probs_and_entropies_in_row_chunks_equal_a_full_forward(tiny_model_path, batch, monkeypatch):
+    monkeypatch.setattr(trainer_module, "LOGIT_ROWS", 5)
+    model = load_model(tiny_model_path, "float32")
+    micro = collate(batch, list(range(len(batch))), need_routing=False)
+    with torch.no_grad():
+        logprobs, entropy = token_logprobs(model, micro.input_ids, micro.response_mask, None)
+        full = torch.log_softmax(model(input_ids=micro.input_ids).logits[:, :-1].float(), -1)
+    mask = micro.response_mask.bool()
+    assert int(mask.sum()) > 3 * 5
+    expected = full.gather(-1, micro.input_ids[:, 1:, None])[..., 0]
+    torch.testing.assert_close(logprobs[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy[mask], -(full.exp() * full).sum(-1)[mask], atol=1e-4, rtol=1e-5)
+    assert not logprobs[~mask].any() and not entropy[~mask].any()

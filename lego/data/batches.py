@@ -9,7 +9,8 @@ in the loss, with its GRPO advantage from the `advantages` view.
         sample.routed_experts   uint8 [T, L, K]     the inference routing, for R3 replay (None: dense model)
 
 `training_batch_fields(samples)` turns a list of samples into the keyword arguments of
-`lego.train.trainer.TrainBatch` (input_ids, response_mask, inference_logprobs, advantages, routed_experts).
+`lego.train.trainer.TrainBatch` (input_ids, response_mask, inference_logprobs, advantages, routed_experts, and
+group_ids: each sample's task id, its GRPO group within the iteration, so the trainer can count groups with signal).
 Rollouts outside the loss (infra errors, ungraded, groups below data.min_valid_per_group) never appear;
 segments without sampled tokens are skipped. Memory is bounded by `batch_size` segments.
 """
@@ -101,4 +102,6 @@ def training_batch_fields(samples: Sequence[TrainingSample]) -> dict[str, list]:
         "inference_logprobs": [sample.logprobs for sample in samples],
         "advantages": [sample.advantage for sample in samples],
         "routed_experts": None if all(r is None for r in routing) else routing,
+        # a GRPO group is (run, iteration, task) and a batch holds one run's iteration: the task id names it
+        "group_ids": [sample.task_id for sample in samples],
     }

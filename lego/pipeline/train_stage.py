@@ -50,6 +50,15 @@ def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy) -> 
         started = time.monotonic()
         trainer = Trainer(policy.path, ctx.config.train, device=ctx.config.engine.device, seed=ctx.config.project.seed)
         metrics = trainer.step(batch)
+        if not metrics["optimizer_steps"]:
+            # Every GRPO group had equal rewards: nothing moves the policy, so it keeps its version.
+            ctx.log(f"train/{iteration}: {int(metrics.get('groups_with_signal', 0))} of "
+                    f"{int(metrics.get('groups', 0))} groups had signal; no update, the policy stays at version "
+                    f"{policy.version}")
+            (directory / "metrics.json").write_text(json.dumps(metrics, indent=2))
+            return StageOutput(metrics={**metrics, "trained": 0.0, "seconds": time.monotonic() - started},
+                               outputs={"train_metrics": directory / "metrics.json"},
+                               data={**policy.as_data(), "trained": False})
         checkpoint = trainer.save(directory / "checkpoint")
         duration = time.monotonic() - started
         tokens = int(sum(len(ids) for ids in batch.input_ids))

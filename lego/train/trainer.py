@@ -2,9 +2,17 @@
 
 Input is a `TrainBatch` (lists of numpy arrays, one entry per token sequence, as the data layer stores segments).
 Log-probs are computed in the training dtype (fp32 by default) with the inference routing replayed; the loss is
-verl's own (`get_policy_loss_fn`, `agg_loss`, `kl_penalty`; `logprobs_from_logits`, `entropy_from_logits`,
-`masked_mean`), aggregated over the whole batch even when it is split into micro-batches (verl's
-`global_batch_info`), so gradient accumulation gives the gradient of the full-batch loss.
+verl's own (`get_policy_loss_fn`, `agg_loss`, `kl_penalty`; `entropy_from_logits`, `masked_mean`; log-probs by
+the arithmetic of `logprobs_from_logits`, see `token_logprobs`), aggregated over the whole batch even when it is
+split into micro-batches (verl's `global_batch_info`), so gradient accumulation gives the gradient of the
+full-batch loss.
+
+Sequences without signal are never computed: a sequence whose sampled tokens all have advantage 0 adds nothing to
+the policy loss, so the step skips it (no forward, no backward); a GRPO group without reward variance has only
+such sequences and is not scored at all. The loss keeps the whole batch's token and sequence counts as its
+denominators, so the gradient is exactly verl's on the whole batch. The KL and entropy terms use every sampled
+token, advantage or not: with `kl_coef > 0` or `entropy_coeff > 0` the zero-advantage sequences are trained too.
+A batch where nothing is left to train returns at once with `optimizer_steps: 0` and leaves the weights as they are.
 """
 
 from __future__ import annotations
@@ -22,6 +30,13 @@ from lego.engine.checkpoint import MARKER, load_model, moe_routers
 from lego.engine.checkpoint import policy_version as read_policy_version
 from lego.errors import LegoError
 from lego.train.replay import RoutingReplayError, replay_routing, routing_difference_share
+
+# |advantage| at or below this is no signal: the GRPO advantage of a group without reward variance is 0 up to
+# float noise from the SQL mean/std; lego.pipeline.dataset_stage counts non-zero advantages with the same bound.
+SIGNAL_EPSILON = 1e-9
+# LM-head rows per log-softmax: vectorised over the vocabulary, with a transient [rows, vocab] float32 of ~150 MB
+# for Qwen3's 152k tokens.
+LOGIT_ROWS = 256
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
@@ -43,6 +58,8 @@ class TrainBatch:
     old_logprobs:          optional [T_i] per sequence: the PPO "old" policy; default = inference_logprobs
                            (on-policy: the sampling policy is the old policy, as in verl's bypass mode)
     ref_logprobs:          optional [T_i] per sequence: a reference policy, needed only when kl_coef > 0
+    group_ids:             optional, per sequence: its GRPO group (the task id within an iteration; the segments
+                           of one rollout share it), only to count the groups that had signal
     """
 
     input_ids: list[np.ndarray]
@@ -52,12 +69,14 @@ class TrainBatch:
     routed_experts: list[np.ndarray | None] | None = None
     old_logprobs: list[np.ndarray] | None = None
     ref_logprobs: list[np.ndarray] | None = None
+    group_ids: list[str] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         columns = {"response_mask": self.response_mask, "inference_logprobs": self.inference_logprobs,
                    "advantages": self.advantages, "routed_experts": self.routed_experts,
-                   "old_logprobs": self.old_logprobs, "ref_logprobs": self.ref_logprobs}
+                   "old_logprobs": self.old_logprobs, "ref_logprobs": self.ref_logprobs,
+                   "group_ids": self.group_ids}
         for name, column in columns.items():
             if column is not None and len(column) != n:
                 raise TrainError(f"TrainBatch.{name} has {len(column)} entries for {n} sequences")
@@ -79,6 +98,22 @@ class TrainBatch:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def label_tokens(self, i: int) -> int:
+        """Sampled tokens of sequence i that are labels (from position 1 on: nothing predicts token 0)."""
+        return int(np.asarray(self.response_mask[i])[1:].sum())
+
+    def has_signal(self) -> list[bool]:
+        """Per sequence: True when some sampled label token has a non-zero advantage (it moves the policy loss)."""
+        flags = []
+        for i, advantage in enumerate(self.advantages):
+            labels = np.asarray(self.response_mask[i])[1:].astype(bool)
+            if np.isscalar(advantage):
+                flags.append(bool(labels.any()) and abs(float(advantage)) > SIGNAL_EPSILON)
+            else:
+                per_token = np.abs(np.asarray(advantage, dtype=np.float64)[1:][labels])
+                flags.append(bool((per_token > SIGNAL_EPSILON).any()))
+        return flags
 
 
 @dataclass
@@ -158,13 +193,16 @@ def collate(batch: TrainBatch, indices: list[int], need_routing: bool) -> MicroB
 
 
 def token_logprobs(model, input_ids: torch.Tensor, label_mask: torch.Tensor, routed_experts: torch.Tensor | None,
-                   with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool = True, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) [B, T-1] of tokens 1..T-1; computed only where label_mask is set (0 elsewhere).
 
     Right padding needs no attention mask: causal attention keeps real tokens blind to the padding after them.
-    The LM head runs only on the masked positions (the vocabulary is large).
+    The LM head runs only on the masked positions (the vocabulary is large), LOGIT_ROWS at a time. The log-prob is
+    log-softmax + gather, the same arithmetic as verl's `logprobs_from_logits`, whose fallback without flash-attn
+    runs one logsumexp per token: on CPU, ten times slower for a 152k vocabulary (the bulk of a train step). The
+    entropy is verl's `entropy_from_logits`, kept in the autograd graph only when `entropy_grad` (the loss uses it).
     """
-    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+    from verl.utils.torch_functional import entropy_from_logits
 
     if routed_experts is not None:
         with replay_routing(model, routed_experts):
@@ -172,14 +210,21 @@ def token_logprobs(model, input_ids: torch.Tensor, label_mask: torch.Tensor, rou
     else:
         hidden = model.model(input_ids=input_ids, use_cache=False).last_hidden_state
     selected = label_mask.bool()
-    logits = model.lm_head(hidden[:, :-1][selected]).float()
+    rows = hidden[:, :-1][selected]
     labels = input_ids[:, 1:][selected]
+    picked, entropies = [], []
+    for start in range(0, max(len(labels), 1), LOGIT_ROWS):  # one (maybe empty) chunk keeps the graph when none
+        logits = model.lm_head(rows[start:start + LOGIT_ROWS]).float()
+        picked.append(torch.log_softmax(logits, dim=-1).gather(-1, labels[start:start + LOGIT_ROWS, None])[:, 0])
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropies.append(entropy_from_logits(logits))
     logprobs = torch.zeros(label_mask.shape, dtype=torch.float32, device=hidden.device)
-    logprobs = logprobs.masked_scatter(selected, logprobs_from_logits(logits, labels))
+    logprobs = logprobs.masked_scatter(selected, torch.cat(picked))
     entropy = None
     if with_entropy:
         entropy = torch.zeros(label_mask.shape, dtype=torch.float32, device=hidden.device)
-        entropy = entropy.masked_scatter(selected, entropy_from_logits(logits))
+        entropy = entropy.masked_scatter(selected, torch.cat(entropies))
     return logprobs, entropy
 
 
@@ -198,6 +243,28 @@ def verl_actor_config(config: TrainConfig, global_batch_info: dict):
                        clip_ratio_high=config.clip_ratio_high, loss_agg_mode=config.loss_agg_mode,
                        policy_loss=PolicyLossConfig(loss_mode=config.policy_loss),
                        global_batch_info=global_batch_info)
+
+
+def trained_sequences(batch: TrainBatch, config: TrainConfig) -> list[int]:
+    """The sequences a train step computes: those with signal or, when a KL or entropy term is on (they use every
+    sampled token, advantage or not), every sequence with a sampled label token. Empty: the step changes nothing."""
+    every_token_counts = config.kl_coef > 0 or config.entropy_coeff > 0
+    return [i for i, has in enumerate(batch.has_signal())
+            if has or (every_token_counts and batch.label_tokens(i) > 0)]
+
+
+def signal_counts(batch: TrainBatch, trained: list[int]) -> dict[str, float]:
+    """How many sequences (and GRPO groups, when the batch names them) had signal, were trained, were skipped."""
+    signal = batch.has_signal()
+    counts = {"sequences": float(len(batch)), "sequences_with_signal": float(sum(signal)),
+              "sequences_trained": float(len(trained)), "sequences_skipped": float(len(batch) - len(trained))}
+    if batch.group_ids is not None:
+        groups = set(batch.group_ids)
+        with_signal = {group for group, has in zip(batch.group_ids, signal, strict=True) if has}
+        computed = {batch.group_ids[i] for i in trained}
+        counts.update({"groups": float(len(groups)), "groups_with_signal": float(len(with_signal)),
+                       "groups_skipped": float(len(groups - computed))})
+    return counts
 
 
 class Trainer:
@@ -238,7 +305,8 @@ class Trainer:
         if self.replay and routed is None:
             raise RoutingReplayError("R3 replay is on but the micro-batch carries no routing record")
         logprobs, entropy = token_logprobs(self.model, micro.input_ids.to(self.device),
-                                           micro.response_mask.to(self.device), routed)
+                                           micro.response_mask.to(self.device), routed,
+                                           entropy_grad=self.config.entropy_coeff > 0)
         mask = micro.response_mask.to(self.device)
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=micro.old_logprobs.to(self.device), log_prob=logprobs,
@@ -256,15 +324,31 @@ class Trainer:
         return loss, pg_metrics, logprobs, entropy
 
     def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step per epoch over the whole batch (micro-batches accumulate gradients)."""
+        """One optimizer step per epoch over the batch's sequences with signal (micro-batches accumulate gradients).
+
+        Metrics: the loss terms and diagnostics of the first epoch over the trained sequences (`trained_sequences`),
+        the signal counts (`signal_counts`), and `optimizer_steps`: 0 when no sequence was left to train (then
+        nothing was computed and the weights are unchanged), else `epochs`.
+        """
         from verl.trainer.ppo.core_algos import kl_penalty
         from verl.utils.torch_functional import masked_mean
 
         if len(batch) == 0:
             raise TrainError("empty TrainBatch")
+        trained = trained_sequences(batch, self.config)
+        counts = signal_counts(batch, trained)
+        skipped_tokens = float(sum(batch.label_tokens(i) for i in set(range(len(batch))) - set(trained)))
+        if not trained:
+            # The policy loss of zero advantages is exactly 0 and its gradient too: no optimizer step, so weight
+            # decay and Adam's state do not move the policy either.
+            return {**counts, "loss": 0.0, "grad_norm": 0.0, "response_tokens": 0.0,
+                    "response_tokens_skipped": skipped_tokens, "micro_batches": 0.0, "optimizer_steps": 0.0}
+        # The whole batch's counts: the skipped sequences stay in the loss's denominators (their terms are 0), so the
+        # gradient is verl's on the whole batch.
         info = self.global_batch_info(batch)
         actor_config = verl_actor_config(self.config, info)
-        groups = plan_micro_batches([len(ids) for ids in batch.input_ids], self.config.micro_batch_tokens)
+        plan = plan_micro_batches([len(batch.input_ids[i]) for i in trained], self.config.micro_batch_tokens)
+        groups = [[trained[j] for j in group] for group in plan]
         metrics: dict[str, float] = {}
         for epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
@@ -315,8 +399,10 @@ class Trainer:
                     "logprob_abs_diff_max": float(delta.max()) if len(delta) else 0.0,
                     "routing_differs_share": drift_tokens / drift_total if drift_total else float("nan"),
                     "response_tokens": float(tokens),
-                    "sequences": float(len(batch)),
+                    "response_tokens_skipped": skipped_tokens,
                     "micro_batches": float(len(groups)),
+                    "optimizer_steps": float(self.config.epochs),
+                    **counts,
                 }
             else:
                 metrics[f"loss_epoch{epoch}"] = total_loss
