@@ -11,9 +11,10 @@ Workload: `sessions` sessions (64) of `turns` turns (4) at once, each session's 
 shapes, each streamed and not:
 - mini-swe-agent (OpenAI chat): an ~8 KB / ~2,100-token first prompt (system prompt, the task, one bash tool),
   then per turn the model's tool call and a ~1.5 KB observation as a tool message.
-- Claude Code (Anthropic messages): an ~80 KB / ~16,500-token first prompt (a long system prompt in two blocks,
+- Claude Code (Anthropic messages): an ~80 KB / ~16,700-token first prompt (a long system prompt in two blocks,
   17 tools with long descriptions), then per turn a tool_use and a ~2 KB tool_result.
-Every session sends the same shared prefix (system prompt and tools), as every session of one harness does.
+Every session sends the same shared prefix (system prompt and tools), as every session of one harness does; its tool
+results are its own (generated per session and turn, `FRESH_WORDS` of their words never seen before).
 
 Measured per target (direct to the upstream, through the pass-through, through the proxy), first turns and later
 turns apart (all sessions finish their first turn before any starts its second): the target server's CPU per call,
@@ -48,6 +49,9 @@ TARGET_RATIO = 2.0  # the proxy's CPU per call and added p50 on later turns, at 
 IM_END = 151645
 STREAM_CHUNK_TOKENS = 4  # tokens per chunk the proxy's engine streams (a real engine streams one to a few)
 STREAM_PIECE_CHARS = 14  # characters per event the upstream streams (about as many tokens)
+# Words of a tool result that no earlier text has (paths, hashes, new identifiers): the rest is the repository's and
+# the tools' own vocabulary, which the sessions of a rollout group share.
+FRESH_WORDS = 0.01
 START_TIMEOUT_S = 120.0
 
 
@@ -100,7 +104,7 @@ class Shape:
         return f"{self.text}\n<tool_call>\n{call}\n</tool_call>"
 
 
-def make_shapes(turns: int) -> dict[str, Shape]:
+def make_shapes() -> dict[str, Shape]:
     rng = random.Random(0)
     bash = {"type": "function", "function": {
         "name": "bash", "description": "Execute a bash command in the repository.",
@@ -154,7 +158,7 @@ class Conversation:
     def answered(self, content: str, call_id: str, name: str, arguments: str) -> None:
         # every session's tool results are its own: test output, with names no other session's output has
         rng = random.Random(self.seed * 1000 + self.turn)
-        observation = _text(rng, self.shape.observation_chars, code=0.5, newlines=0.15, fresh=0.03)
+        observation = _text(rng, self.shape.observation_chars, code=0.5, newlines=0.15, fresh=FRESH_WORDS)
         self.turn += 1
         if self.shape.protocol == "openai_chat":
             self.messages += [{"role": "assistant", "content": content, "tool_calls": [
@@ -225,10 +229,10 @@ async def _turns(http, conversations: list[Conversation], turns: int) -> list[fl
     return latencies
 
 
-async def _client_main(conn, turns: int) -> None:
+async def _client_main(conn) -> None:
     import aiohttp
 
-    shapes = make_shapes(turns)
+    shapes = make_shapes()
     loop = asyncio.get_running_loop()
     conversations: list[Conversation] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
@@ -251,8 +255,8 @@ async def _client_main(conn, turns: int) -> None:
                 conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _client_process(conn, turns: int) -> None:
-    asyncio.run(_client_main(conn, turns))
+def _client_process(conn) -> None:
+    asyncio.run(_client_main(conn))
 
 
 # ---------------------------------------------------------------------------------------------- upstream stand-in
@@ -343,10 +347,10 @@ async def _serve(conn, make_app: Callable[[], Any], on_command: Callable[[str, A
         await runner.cleanup()
 
 
-def _upstream_process(conn, turns: int) -> None:
+def _upstream_process(conn) -> None:
     from aiohttp import web
 
-    answers = {shape.protocol: canned_answers(shape) for shape in make_shapes(turns).values()}
+    answers = {shape.protocol: canned_answers(shape) for shape in make_shapes().values()}
 
     async def answer(request: web.Request) -> web.StreamResponse:
         body = json.loads(await request.read())
@@ -439,13 +443,13 @@ class InstantEngine:
         self.policy_version = policy_version
 
 
-def _proxy_process(conn, turns: int) -> None:
+def _proxy_process(conn) -> None:
     from lego.config import SamplingConfig
     from lego.engine.tokenizer import load_tokenizer
     from lego.proxy import ProxyServer
 
     tokenizer = load_tokenizer()
-    shapes = make_shapes(turns)
+    shapes = make_shapes()
     engine = InstantEngine(tokenizer)
 
     async def main() -> None:
@@ -599,17 +603,17 @@ def run_bench(sessions: int = 64, turns: int = 4, rounds: int = 3,
 
     ensure_tokenizer()  # fetched once here, not by each process
     started = time.perf_counter()
-    shapes = make_shapes(turns)
+    shapes = make_shapes()
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads and a tokenizer
     children: list[_Child] = []
     try:
-        upstream = _Child(context, "upstream", _upstream_process, turns)
+        upstream = _Child(context, "upstream", _upstream_process)
         children.append(upstream)
         passthrough = _Child(context, "passthrough", _passthrough_process, f"http://127.0.0.1:{upstream.ready}")
         children.append(passthrough)
-        proxy = _Child(context, "proxy", _proxy_process, turns)
+        proxy = _Child(context, "proxy", _proxy_process)
         children.append(proxy)
-        client = _Child(context, "client", _client_process, turns)
+        client = _Child(context, "client", _client_process)
         children.append(client)
         servers = {"upstream": upstream, "passthrough": passthrough, "proxy": proxy}
         tokenizer = load_tokenizer()

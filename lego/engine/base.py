@@ -1,11 +1,24 @@
-"""The Engine protocol: token ids in, token ids + log-probs + routed experts out."""
+"""The Engine protocol: token ids in, token ids + log-probs + routed experts out, whole or as they are sampled.
+
+`generate` answers once the generation ends; `stream` yields the sampled tokens in chunks as the engine produces
+them, the last chunk carrying the whole result, so a server can send a long reply as it is written while the
+record it keeps is the same as `generate`'s. `generate_streaming` drives either form for a caller that wants the
+chunks (an engine without `stream`, such as a test double, answers in one chunk).
+
+`prompt_ids` is any sequence of ints: the proxy passes a snapshot of its session's stream, a flat `array("i")`
+(copying 16k ints into a list costs more than the rest of a call). An engine copies what it keeps.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from lego.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,16 @@ class GenerateResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class TokenChunk:
+    """A piece of a generation, as the engine produces it: the tokens sampled since the previous chunk. The last
+    chunk of a generation carries the whole `result` (every token, log-probs, routing, finish reason); the tokens
+    of all chunks put together are exactly `result.token_ids`."""
+
+    token_ids: list[int]
+    result: GenerateResult | None = None
+
+
 def stop_string_in(text: str, stops: tuple[str, ...]) -> str | None:
     """The first of `stops` that occurs in `text`, if any (how every engine applies SamplingParams.stop)."""
     return next((stop for stop in stops if stop and stop in text), None)
@@ -48,6 +71,10 @@ class Engine(Protocol):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult: ...
 
+    def stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+        """The same generation as `generate`, as chunks of tokens while they are sampled (see `TokenChunk`)."""
+        ...
+
     async def score(self, token_ids: list[int]) -> list[float]:
         """Per-token log-probs (position 0 gets 0.0: nothing predicts it)."""
         ...
@@ -55,12 +82,83 @@ class Engine(Protocol):
     def load_checkpoint(self, path: str, policy_version: int) -> None: ...
 
 
+async def generate_streaming(engine, prompt_ids: list[int], sampling: SamplingParams,
+                             on_tokens: Callable[[list[int]], Awaitable[None]]) -> GenerateResult:
+    """Generate with `engine`, awaiting `on_tokens(ids)` with the tokens sampled since the last call, as they come;
+    returns the whole result. The engine's stream is read by a task of its own, so chunks that arrive while
+    `on_tokens` is busy (a slow client, an engine faster than the network) are handed on together. An engine without
+    `stream` is asked with `generate` and its tokens come at once."""
+    stream = getattr(engine, "stream", None)
+    if stream is None:
+        result = await engine.generate(prompt_ids, sampling)
+        if result.token_ids:
+            await on_tokens(list(result.token_ids))
+        return result
+    arrived: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
+
+    async def read() -> None:
+        chunks = stream(prompt_ids, sampling)
+        try:
+            async for chunk in chunks:
+                arrived.put_nowait(chunk)
+                if chunk.result is not None:
+                    return
+            raise ModelError("the engine's stream ended without a result; its last chunk must carry the "
+                             "GenerateResult")
+        except BaseException as exc:  # raised to the caller (an engine's own cancellation too)
+            arrived.put_nowait(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            close = getattr(chunks, "aclose", None)
+            if close is not None:  # a reader stopped early (client gone, cancelled) ends the engine's generation
+                await close()
+
+    reader = asyncio.create_task(read())
+    sent: list[int] = []
+    try:
+        while True:
+            items = [await arrived.get()]
+            while not arrived.empty():
+                items.append(arrived.get_nowait())
+            tokens: list[int] = []
+            final: GenerateResult | None = None
+            failure: BaseException | None = None
+            for item in items:
+                if isinstance(item, BaseException):
+                    failure = item
+                    break
+                tokens.extend(item.token_ids)
+                final = item.result if item.result is not None else final
+            if tokens:  # what was sampled before a failure is still handed on
+                sent.extend(tokens)
+                await on_tokens(tokens)
+            if failure is not None:
+                raise failure
+            if final is not None:
+                break
+    finally:
+        if not reader.done():
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+    if list(final.token_ids) != sent:
+        raise ModelError(f"the engine streamed {len(sent)} tokens but its result holds {len(final.token_ids)} "
+                         "different ones; a stream's chunks must add up to the result's token_ids")
+    return final
+
+
 class EngineWrapper:
     """An engine around an `inner` one: forwards the policy's identity, scoring and checkpoint loads to it;
-    subclasses say how to generate."""
+    subclasses say how to generate. Its `stream` answers with `generate` in one chunk, so a wrapper that changes
+    how generation is served (counting, recording, holding) is never bypassed; a wrapper that can pass the inner
+    engine's chunks through overrides `stream` too."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
+
+    async def stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+        result = await self.generate(prompt_ids, sampling)
+        yield TokenChunk(list(result.token_ids), result)
 
     @property
     def policy_version(self) -> int:

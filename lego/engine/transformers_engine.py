@@ -13,6 +13,9 @@ How it runs:
 - Routing: forward hooks on every MoE router (`model.model.layers[i].mlp.gate`, returning
   `(logits, scores, indices)`) record the experts each token used, for the prompt and every generated token
   (the last sampled token is fed once more so its routing is known), as uint8 `[prompt+gen, layers, top_k]`.
+- Streaming: `stream` hands each sampled token from the model's thread to the caller's event loop as it is
+  sampled (`call_soon_threadsafe`), and yields what has arrived whenever the caller asks; the final chunk carries
+  the result once the row's last routing is known. A caller that stops reading ends its row at the next step.
 - Seeds: a request with `seed` samples from its own `torch.Generator`, so its output does not depend on
   which other requests share the batch's random stream (numerics of a batched forward can still differ in the
   last bits from a lone forward).
@@ -24,6 +27,7 @@ import asyncio
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lego.engine.base import GenerateResult, SamplingParams, stop_string_in
+from lego.engine.base import GenerateResult, SamplingParams, TokenChunk, stop_string_in
 from lego.engine.checkpoint import load_model, moe_routers
 from lego.errors import ModelError
 
@@ -44,6 +48,8 @@ class _GenerateJob:
     sampling: SamplingParams
     future: Future
     enqueued_at: float = field(default_factory=time.perf_counter)
+    on_token: Callable[[int], None] | None = None  # called on the model's thread with each sampled token
+    cancelled: bool = False  # the caller stopped reading: the row ends at the next step
 
 
 @dataclass
@@ -149,13 +155,49 @@ class TransformersEngine:
     # ---- public API (asyncio side) ----
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        self._check_prompt(prompt_ids)
+        future: Future = Future()
+        self._submit(_GenerateJob(list(prompt_ids), sampling, future))
+        return await asyncio.wrap_future(future)
+
+    async def stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+        self._check_prompt(prompt_ids)
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue[int | None] = asyncio.Queue()  # sampled tokens, then None once the job is answered
+        future: Future = Future()
+        job = _GenerateJob(list(prompt_ids), sampling, future)
+
+        def deliver(item: int | None) -> None:
+            try:
+                loop.call_soon_threadsafe(arrived.put_nowait, item)
+            except RuntimeError:  # the caller's loop is closed: nobody reads this row (never fail the batch)
+                job.cancelled = True
+
+        job.on_token = deliver
+        # Scheduled after every token's put (the worker answers a row after sampling its last token): None comes last.
+        future.add_done_callback(lambda _: deliver(None))
+        self._submit(job)
+        try:
+            while True:
+                item = await arrived.get()
+                tokens: list[int] = []
+                while item is not None:
+                    tokens.append(item)
+                    if arrived.empty():
+                        break
+                    item = arrived.get_nowait()
+                if item is None:  # answered: these are the last tokens
+                    yield TokenChunk(tokens, future.result())
+                    return
+                yield TokenChunk(tokens)
+        finally:
+            job.cancelled = not future.done()
+
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise ModelError("generate() needs at least one prompt token")
         if len(prompt_ids) >= self.max_context:
             raise ModelError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_context}")
-        future: Future = Future()
-        self._submit(_GenerateJob(list(prompt_ids), sampling, future))
-        return await asyncio.wrap_future(future)
 
     async def score(self, token_ids: list[int]) -> list[float]:
         logprobs, _ = await self.score_with_routing(token_ids)
@@ -304,13 +346,18 @@ class TransformersEngine:
                 if step_routing is not None:
                     row.routing.append(step_routing[b, 0])
                 if row.finish_reason is None:
-                    self._sample_into(row, logits[b])
+                    if row.job.cancelled:  # nobody reads this row any more: no more tokens for it
+                        row.finish_reason = "length"
+                    else:
+                        self._sample_into(row, logits[b])
 
     def _sample_into(self, row: _Row, logits: torch.Tensor) -> None:
         sampling = row.job.sampling
         token = sample_token(logits, sampling, row.generator)
         row.tokens.append(token)
         row.logprobs.append(float(torch.log_softmax(logits, dim=-1)[token]))
+        if row.job.on_token is not None:
+            row.job.on_token(token)
         if token in sampling.stop_token_ids:
             row.finish_reason = "stop"
         elif sampling.stop and (matched := self._stop_string(row.tokens, sampling.stop)) is not None:

@@ -8,6 +8,10 @@
   so its row is missing; it is filled with zeros here. That row is harmless for training: a token's routing only
   shapes its own position's output, which predicts the *next* token, and there is none (in a later turn the
   token is part of the prompt, and its real routing comes with that call).
+- Streaming: AsyncLLM yields the request's output as it grows (cumulative token ids); `stream` passes on the new
+  tokens of each output and ends with the result built from the last one, exactly what `generate` returns.
+- Stop strings: vLLM detokenizes only for requests that have them and ends on the token that completes one,
+  keeping that token (`include_stop_str_in_output`); the matched string comes back as `stop_reason`.
 - `load_checkpoint` restarts the engine on the new weights (simple and exact; a weight-sync path belongs to
   verl's trainer on GPU, see lego/train/verl_agent_loop.py).
 
@@ -17,11 +21,12 @@ Importing this module never needs vLLM; constructing `VLLMEngine` without it rai
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 
-from lego.engine.base import GenerateResult, SamplingParams
+from lego.engine.base import GenerateResult, SamplingParams, TokenChunk
 from lego.engine.checkpoint import policy_version as read_policy_version
 from lego.errors import LegoError
 
@@ -77,19 +82,37 @@ class VLLMEngine:
             temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
             stop_token_ids=list(sampling.stop_token_ids), seed=sampling.seed, logprobs=0,
             ignore_eos=True,  # only the caller's stop ids end a generation, as in TransformersEngine
-            include_stop_str_in_output=True, skip_special_tokens=False, detokenize=False,
+            stop=list(sampling.stop) or None, include_stop_str_in_output=True, skip_special_tokens=False,
+            detokenize=bool(sampling.stop),  # stop strings are matched on text; nothing else needs it
         )
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        result = None
+        async for chunk in self.stream(prompt_ids, sampling):
+            result = chunk.result
+        if result is None:
+            raise LegoError("vLLM's stream ended without a result; check the vLLM server log")
+        return result
+
+    async def stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
         from vllm import TokensPrompt
 
-        final = None
+        final, sent = None, 0
         async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
                                                  self._sampling_params(sampling), request_id=uuid.uuid4().hex):
             final = output
+            tokens = output.outputs[0].token_ids if output.outputs else ()
+            if len(tokens) > sent:
+                yield TokenChunk(list(tokens[sent:]))
+                sent = len(tokens)
         if final is None or not final.outputs:
             raise LegoError("vLLM returned no output for a request; check the vLLM server log")
-        completion = final.outputs[0]
+        result = self._result(final.outputs[0], prompt_ids, sampling)
+        yield TokenChunk(result.token_ids[sent:], result)
+
+    @staticmethod
+    def _result(completion, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        """The GenerateResult of a finished request's CompletionOutput."""
         token_ids = list(completion.token_ids)
         if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
             raise LegoError("vLLM returned no log-prob for some sampled tokens; is logprobs=0 supported here?")
@@ -103,9 +126,11 @@ class VLLMEngine:
             padded = np.zeros((rows, *routed.shape[1:]), dtype=np.uint8)
             padded[: routed.shape[0]] = routed
             routed = padded
-        stopped = bool(token_ids) and token_ids[-1] in sampling.stop_token_ids
+        stop_sequence = completion.stop_reason if isinstance(completion.stop_reason, str) else None
+        stopped = (bool(token_ids) and token_ids[-1] in sampling.stop_token_ids) or stop_sequence is not None
         return GenerateResult(token_ids=token_ids, logprobs=logprobs, routed_experts=routed,
-                              finish_reason="stop" if stopped else "length", prompt_tokens=len(prompt_ids))
+                              finish_reason="stop" if stopped else "length", prompt_tokens=len(prompt_ids),
+                              stop_sequence=stop_sequence)
 
     async def score(self, token_ids: list[int]) -> list[float]:
         from vllm import SamplingParams as VLLMSamplingParams

@@ -5,12 +5,19 @@ Every protocol's request (OpenAI chat, Anthropic messages, OpenAI Responses) bec
 what the model's chat template takes. A message's `key()` is what the session matches on: it ignores what
 harnesses change when they replay history (cache_control markers, whitespace, compact vs spaced tool-call JSON,
 thinking blocks they may or may not echo, tool-call ids), and keeps everything the model would see differently.
+
+Every call replays the whole history, and a harness's system prompt and tools can be 80 KB: a message's key, the
+tools' key and the normalized system text are computed once per process for each distinct value (the next request's
+equal messages, strings and tool lists find them).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +44,41 @@ class ContextOverflowError(RequestError):
         super().__init__(message, status=400, kind="invalid_request_error", code="context_length_exceeded")
 
 
+LONG_TEXT = 2048  # system texts at least this long have their normalized form kept per process
+TOOLS_KEYS_KEPT = 16  # distinct tool lists whose key a process keeps
+
+
 def normalize_text(text: str) -> str:
     """Whitespace-insensitive form of a text: harnesses re-indent, strip or pad what they replay."""
     return " ".join(text.split())
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def text_digest(text: str) -> str:
+    """Digest of a text's whitespace-insensitive form."""
+    return _digest(normalize_text(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _normalized_long_text(text: str) -> str:
+    return normalize_text(text)
+
+
+_tools_keys: deque[tuple[list[dict[str, Any]], str]] = deque(maxlen=TOOLS_KEYS_KEPT)
+
+
+def tools_key(tools: list[dict[str, Any]]) -> str:
+    """Key of a tool list by value. Every call of a session sends its tool list again: one equal to a recent one
+    (compared by value, far cheaper than serializing it) gets that one's key."""
+    for known, key in _tools_keys:
+        if len(known) == len(tools) and known == tools:
+            return key
+    key = _digest(json.dumps(tools, sort_keys=True))
+    _tools_keys.append((copy.deepcopy(tools), key))  # a copy: the caller's list may change later
+    return key
 
 
 def canonical_arguments(arguments: Any) -> str:
@@ -50,6 +89,15 @@ def canonical_arguments(arguments: Any) -> str:
         except ValueError:
             return normalize_text(arguments)
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@functools.lru_cache(maxsize=2048)
+def _message_key(role: str, content: str, calls: tuple[tuple[str, str], ...]) -> str:
+    """A message's key, kept per process: every call replays the messages of the calls before it."""
+    parts = [role, text_digest(content)]
+    for name, arguments in calls:
+        parts.append(f"{name}({canonical_arguments(arguments)})")
+    return _digest("\x1f".join(parts))
 
 
 @dataclass(frozen=True)
@@ -66,12 +114,14 @@ class ChatMessage:
     tool_calls: list[ToolCall] = field(default_factory=list)
     reasoning: str | None = None  # assistant thinking the harness replayed (Anthropic thinking, reasoning_content)
     tool_call_id: str = ""
+    _key: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def key(self) -> str:
-        parts = [self.role, normalize_text(self.content)]
-        for call in self.tool_calls:
-            parts.append(f"{call.name}({canonical_arguments(call.arguments)})")
-        return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
+        """The match key (see the module docstring), computed once: a message is not changed after it is read."""
+        if self._key is None:
+            self._key = _message_key(self.role, self.content,
+                                     tuple((call.name, call.arguments) for call in self.tool_calls))
+        return self._key
 
     def to_template(self, keep_reasoning: bool = True) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -93,13 +143,16 @@ class ChatMessage:
 class Conversation:
     messages: list[ChatMessage]
     tools: list[dict[str, Any]]  # [{"type": "function", "function": {name, description, parameters}}]
+    _keys: list[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def tools_key(self) -> str:
-        return hashlib.blake2b(json.dumps(self.tools, sort_keys=True).encode(), digest_size=16).hexdigest()
+        return tools_key(self.tools)
 
     def keys(self) -> list[str]:
-        """The tools (they render into the first turn) and then every message, as match keys."""
-        return [f"tools:{self.tools_key()}", *(message.key() for message in self.messages)]
+        """The tools (they render into the first turn) and then every message, as match keys (computed once)."""
+        if self._keys is None:
+            self._keys = [f"tools:{self.tools_key()}", *(message.key() for message in self.messages)]
+        return list(self._keys)  # the caller's own list: a session extends it
 
     def system_text(self) -> str:
         """The leading system messages: what tells the main thread from a sub-agent or a title request."""
@@ -108,7 +161,8 @@ class Conversation:
             if message.role != "system":
                 break
             texts.append(message.content)
-        return normalize_text("\n".join(texts))
+        text = "\n".join(texts)
+        return _normalized_long_text(text) if len(text) >= LONG_TEXT else normalize_text(text)
 
     def template_messages(self, known: int = 0) -> list[dict[str, Any]]:
         return [m.to_template(keep_reasoning=i >= known) for i, m in enumerate(self.messages)]
@@ -118,6 +172,8 @@ class Conversation:
 
 
 def expect(value: Any, kind: type | tuple[type, ...], param: str) -> Any:
+    if type(value) is kind:  # the common case first: exactly the type asked for
+        return value
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise RequestError(f"'{param}' must be {names}, got {type(value).__name__}", param=param)
@@ -125,7 +181,9 @@ def expect(value: Any, kind: type | tuple[type, ...], param: str) -> Any:
 
 
 def text_of(content: Any, param: str) -> str:
-    """Text of a content field: a string, None, or a list of parts/blocks (text kept, images noted)."""
+    """Text of a content field: a string, None, or a list of parts/blocks (text kept, and an assistant's refusal as
+    the text it is; images, audio, files and unknown parts refused: the policy reads text only, and dropping them
+    would answer a request the model never saw)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -141,9 +199,14 @@ def text_of(content: Any, param: str) -> str:
         kind = part.get("type", "text")
         if kind in ("text", "input_text", "output_text", "summary_text", "reasoning_text"):
             texts.append(expect(part.get("text", ""), str, f"{param}[{i}].text"))
-        elif kind in ("image", "image_url", "input_image", "document", "input_file"):
-            texts.append(f"[{kind} omitted]")
-        # other part types (refusal, cache markers, ...) carry nothing the model reads
+        elif kind == "refusal":  # what the model said when it declined (OpenAI chat and Responses)
+            texts.append(expect(part.get("refusal", ""), str, f"{param}[{i}].refusal"))
+        elif kind in ("image", "image_url", "input_image", "document", "input_file", "file", "input_audio"):
+            raise RequestError(f"'{param}[{i}]' is a {kind} part, which this server does not support: the policy "
+                               "model reads text only; send the content as text", param=f"{param}[{i}]")
+        else:
+            raise RequestError(f"'{param}[{i}]' is a {kind!r} part, which this server does not support: it reads "
+                               "text parts only; send the content as text", param=f"{param}[{i}]")
     return "\n".join(texts)
 
 

@@ -3,15 +3,33 @@
 Reasoning (`<think>`) is returned in `reasoning_content` (vLLM's field); `content` holds the rest. Tool calls come
 back as `tool_calls` with the model's own argument JSON. `stop` strings end the reply: the text returned
 ends before the stop string, while the session keeps every sampled token (the stop string's included).
+
+Every request field is listed in `FIELDS` with how it is treated (see lego/proxy/fields.py); an unknown one is
+refused (400, code `unknown_parameter`). Honoured: messages, max_tokens / max_completion_tokens, stop, stream,
+stream_options.include_usage, function tools, `tool_choice` (`required` or a named function forces a tool call,
+`none` leaves the reply's text unparsed) and `parallel_tool_calls: false` (the generation ends with the first
+complete tool call; see `Session.complete`); `n`, `response_format`, `logprobs`, `modalities` for the values this
+server serves (1, text, false, text). An assistant's `refusal` (field or content part) in replayed history is
+what the model said: it is rendered as the assistant's text. The policy's own, whatever the request says:
+temperature, top_p, frequency/presence penalties, logit_bias, seed, reasoning_effort (OpenHands sends it) and
+verbosity. Harmless: model (echoed), user, safety_identifier, metadata, store, service_tier, prompt_cache_key,
+prompt_cache_retention, stream_options.include_obfuscation, and `prediction` (predicted output only speeds up
+generation; the reply is what the model samples either way).
+Refused (400, naming what): image, audio and file parts (the policy reads text only), audio output; structured
+output (`response_format` json_schema or json_object, a tool's `strict: true`: the policy samples unconstrained);
+n > 1; log-probs in the reply; custom and hosted tools (`web_search_options`, tools whose type is not function); the
+deprecated `functions` / `function_call` (send `tools` / `tool_choice`).
+Not rendered, and why that is harmless: a message's `name` (the chat template has no participant names; OpenHands
+sends the tool's name on tool messages, which the call they answer already names) and tool-call ids.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from typing import Any
 
+from lego.proxy.fields import check_fields, checked, harmless, honoured, option_object, policy, unsupported
 from lego.proxy.messages import (
     ChatMessage,
     Conversation,
@@ -22,11 +40,54 @@ from lego.proxy.messages import (
     function_tool,
     text_of,
 )
-from lego.proxy.session import Completion
+from lego.proxy.session import Completion, ToolChoice
 
 PROTOCOL = "openai_chat"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "tool"}
+MODULE = "openai_chat"
+
+FIELDS = {
+    "model": harmless("echoed in the reply: one policy is served whatever the name"),
+    "messages": honoured("rendered with the policy's chat template"),
+    "max_tokens": honoured("caps the reply below the configured maximum"),
+    "max_completion_tokens": honoured("caps the reply below the configured maximum"),
+    "stop": honoured("ends the reply; the session keeps every sampled token"),
+    "stream": honoured("SSE chunks as the engine samples"),
+    "stream_options": honoured("include_usage adds the usage chunk"),
+    "tools": checked("function tools are rendered; custom and hosted tools are refused"),
+    "tool_choice": checked("none, auto, required and a named function are honoured"),
+    "parallel_tool_calls": honoured("false ends the generation with the first complete tool call"),
+    "n": checked("one choice is served"),
+    "response_format": checked("text is served; a JSON schema or JSON mode (structured output) is refused"),
+    "logprobs": checked("false is served; log-probs in the reply are refused"),
+    "top_logprobs": checked("0 is served"),
+    "modalities": checked("text is served; audio is refused"),
+    "audio": checked("audio output: refused"),
+    "functions": checked("deprecated: refused (send tools)"),
+    "function_call": checked("deprecated: refused (send tool_choice)"),
+    "web_search_options": checked("hosted web search: refused"),
+    "temperature": policy("the policy's sampling"),
+    "top_p": policy("the policy's sampling"),
+    "frequency_penalty": policy("the policy's sampling"),
+    "presence_penalty": policy("the policy's sampling"),
+    "logit_bias": policy("the policy's sampling"),
+    "seed": policy("the policy's sampling"),
+    "reasoning_effort": policy("how much the policy reasons is its own"),
+    "verbosity": policy("how much the policy writes is its own"),
+    "prediction": harmless("predicted output only speeds generation up; the reply is what the model samples"),
+    "user": harmless("the end user's id, for the provider's abuse tracking"),
+    "safety_identifier": harmless("the end user's id, for the provider's abuse tracking"),
+    "metadata": harmless("tags for the provider's dashboard"),
+    "store": harmless("keeps the completion for the provider's dashboard; nothing reads it back here"),
+    "service_tier": harmless("scheduling priority"),
+    "prompt_cache_key": harmless("prompt caching: the session reuses a prompt's known tokens anyway"),
+    "prompt_cache_retention": harmless("prompt caching: the session reuses a prompt's known tokens anyway"),
+}
+STREAM_OPTIONS_FIELDS = {
+    "include_usage": honoured("adds the usage chunk"),
+    "include_obfuscation": harmless("random padding of stream events"),
+}
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -40,9 +101,15 @@ def parse_tools(raw: Any, param: str = "tools") -> list[dict[str, Any]]:
     tools = []
     for i, tool in enumerate(raw):
         expect(tool, dict, f"{param}[{i}]")
-        if tool.get("type", "function") != "function":
-            continue
+        kind = tool.get("type", "function")
+        if kind != "function":
+            raise unsupported(f"{param}[{i}].type", f"is {kind!r}, not a function tool",
+                              "send function tools (a JSON schema for the arguments)")
         function = expect(tool.get("function"), dict, f"{param}[{i}].function")
+        if function.get("strict"):
+            raise unsupported(f"{param}[{i}].function.strict", "asks for arguments guaranteed to match the schema "
+                              "(constrained sampling)", "leave strict out: the policy's tool calls are sampled "
+                              "unconstrained and a malformed one comes back as text")
         tools.append(function_tool(function.get("name"), function.get("description"), function.get("parameters"),
                                    f"{param}[{i}].function"))
     return tools
@@ -60,7 +127,15 @@ def parse_messages(raw: Any) -> list[ChatMessage]:
         if role is None:
             raise RequestError(f"'{param}.role' must be one of {', '.join(ROLES)}", param=f"{param}.role")
         message = ChatMessage(role=role, content=text_of(item.get("content"), f"{param}.content"))
+        if item.get("audio") is not None:
+            raise unsupported(f"{param}.audio", "is audio", "send the content as text: the policy reads text only")
+        if item.get("function_call") is not None:
+            raise unsupported(f"{param}.function_call", "is a deprecated function call", "replay it as tool_calls")
         if role == "assistant":
+            refusal = item.get("refusal")
+            if refusal is not None:  # what the model said when it declined: the model sees it as its text
+                refusal = expect(refusal, str, f"{param}.refusal")
+                message.content = f"{message.content}\n{refusal}" if message.content else refusal
             for j, call in enumerate(item.get("tool_calls") or []):
                 expect(call, dict, f"{param}.tool_calls[{j}]")
                 function = expect(call.get("function"), dict, f"{param}.tool_calls[{j}].function")
@@ -76,7 +151,57 @@ def parse_messages(raw: Any) -> list[ChatMessage]:
     return messages
 
 
+def parse_tool_choice(raw: Any, tools: list[dict[str, Any]],
+                      parallel: bool = True) -> tuple[bool, ToolChoice | None]:
+    """(whether the reply is read for tool calls, how its tool calls are constrained: None when they are not)."""
+    if raw is None or raw == "auto":
+        return bool(tools), None if parallel or not tools else ToolChoice(required=False, parallel=False)
+    if raw == "none":
+        return False, None
+    if raw == "required":
+        choice = ToolChoice(parallel=parallel)
+    elif isinstance(raw, dict) and raw.get("type") == "function":
+        function = expect(raw.get("function"), dict, "tool_choice.function")
+        choice = ToolChoice(expect(function.get("name"), str, "tool_choice.function.name"), parallel=parallel)
+    else:
+        raise RequestError("'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": "
+                           "{\"name\": ...}} (allowed_tools and custom tools are not supported)", param="tool_choice")
+    if not tools:
+        raise RequestError("'tool_choice' requires a tool call but the request has no tools", param="tool_choice")
+    if choice.name is not None and choice.name not in {tool["function"]["name"] for tool in tools}:
+        raise RequestError(f"'tool_choice' names {choice.name!r}, which is not one of the request's tools",
+                           param="tool_choice")
+    return True, choice
+
+
+def check_options(body: dict[str, Any]) -> None:
+    """Every field known (`FIELDS`), and refused where the proxy cannot do what it asks."""
+    check_fields(body, FIELDS, "Chat Completions request", MODULE)
+    if body.get("n") not in (None, 1):
+        raise unsupported("n", f"asks for {body['n']!r} choices", "ask for one (n: 1) and call again for more")
+    response_format = body.get("response_format")
+    if response_format is not None:
+        kind = expect(response_format, dict, "response_format").get("type")
+        if kind != "text":
+            raise unsupported("response_format", f"asks for structured output ({kind})",
+                              "ask for the format in the prompt: the policy samples unconstrained")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        param = "logprobs" if body.get("logprobs") else "top_logprobs"
+        raise unsupported(param, "asks for log-probs in the reply", "leave it out: the session records every "
+                          "sampled token's log-prob for training")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise unsupported("modalities", f"is {modalities!r}", "ask for text only: the policy writes text")
+    for param, instead in (("audio", "leave it out: the policy writes text"),
+                           ("functions", "send them as tools"),
+                           ("function_call", "send it as tool_choice"),
+                           ("web_search_options", "give the harness a search tool of its own")):
+        if body.get(param) is not None:
+            raise unsupported(param, "is set", instead)
+
+
 def parse_request(body: dict[str, Any]) -> tuple[Conversation, dict[str, Any]]:
+    check_options(body)
     conversation = Conversation(parse_messages(body.get("messages")), parse_tools(body.get("tools")))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
@@ -84,9 +209,10 @@ def parse_request(body: dict[str, Any]) -> tuple[Conversation, dict[str, Any]]:
         if max_tokens < 1:
             raise RequestError("'max_tokens' must be at least 1", param="max_tokens")
     stream = bool(expect(body.get("stream", False), bool, "stream"))
-    stream_options = body.get("stream_options") or {}
-    expect(stream_options, dict, "stream_options")
-    tool_choice = body.get("tool_choice", "auto")
+    stream_options = option_object(body, "stream_options", STREAM_OPTIONS_FIELDS, "stream_options", MODULE)
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else expect(parallel, bool, "parallel_tool_calls")
+    parse_tools_flag, tool_choice = parse_tool_choice(body.get("tool_choice"), conversation.tools, parallel)
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -100,7 +226,8 @@ def parse_request(body: dict[str, Any]) -> tuple[Conversation, dict[str, Any]]:
         "include_usage": bool(stream_options.get("include_usage", False)),
         "max_tokens": max_tokens,
         "stop": tuple(item for item in stop if item),
-        "parse_tools": bool(conversation.tools) and tool_choice != "none",
+        "parse_tools": parse_tools_flag,
+        "tool_choice": tool_choice,
     }
     return conversation, options
 
@@ -134,29 +261,3 @@ def response_body(completion: Completion, options: dict[str, Any], model: str) -
             "model": options["model"] or model,
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(completion)}],
             "usage": _usage(completion)}
-
-
-def stream_chunks(completion: Completion, options: dict[str, Any], model: str) -> list[bytes]:
-    """The SSE lines of a streamed answer (the whole reply is known when streaming starts)."""
-    base = {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": options["model"] or model}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        return f"data: {json.dumps(body)}\n\n".encode()
-
-    reply = completion.reply
-    lines = [chunk({"role": "assistant", "content": ""})]
-    if reply.reasoning:
-        lines.append(chunk({"reasoning_content": reply.reasoning}))
-    if reply.content:
-        lines.append(chunk({"content": reply.content}))
-    for index, call in enumerate(_tool_calls(completion)):
-        lines.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                            "function": {"name": call["function"]["name"], "arguments": ""}}]}))
-        lines.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]}))
-    lines.append(chunk({}, _finish_reason(completion)))
-    if options["include_usage"]:
-        lines.append(f"data: {json.dumps({**base, 'choices': [], 'usage': _usage(completion)})}\n\n".encode())
-    lines.append(b"data: [DONE]\n\n")
-    return lines

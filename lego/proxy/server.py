@@ -8,7 +8,8 @@ The optional shared unix socket serves the same paths. A session can also get a 
 (`open_session(own_socket=True)`), in a fresh directory of its own, for a sandbox to mount read-only and relay to:
 requests arriving on it reach that session only (any other id is unknown there), and the socket and its directory
 are removed when the session closes. Unknown or closed sessions get 404 in the protocol's error shape; bad requests
-get the protocol's 400; nothing a client sends crashes the server.
+get the protocol's 400; nothing a client sends crashes the server. Streamed answers are sent as the engine samples
+(lego/proxy/streaming.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,19 @@ from aiohttp import web
 
 from lego.config import SamplingConfig
 from lego.engine.base import Engine
+from lego.errors import tail
 from lego.proxy import anthropic, openai_chat, responses
 from lego.proxy.messages import RequestError
 from lego.proxy.render import ChatRenderer
 from lego.proxy.session import Session
+from lego.proxy.streaming import WRITERS, ReplyStreamer, to_json
 
 log = logging.getLogger(__name__)
+
+try:  # parses a harness's 80 KB request several times faster than json (prefect depends on it)
+    from orjson import loads as _fast_json
+except ImportError:  # pragma: no cover - json alone is correct, only slower
+    _fast_json = json.loads
 
 SESSION_SOCKET = "proxy.sock"  # the socket's name in its session's own directory
 
@@ -114,6 +121,7 @@ class ProxyServer:
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
+        self.renderer.close()
 
     async def __aenter__(self) -> ProxyServer:
         return await self.start()
@@ -276,11 +284,11 @@ class ProxyServer:
         except RequestError as exc:
             if rest in POST_ROUTES and exc.code != "context_length_exceeded":
                 # A completion the proxy refused (or the engine failed): a harness crash after it is not the policy's.
-                session.internal_errors.append(f"{exc.status} {exc.kind}: {exc.message}"[:500])
+                session.internal_errors.append(tail(f"{exc.status} {exc.kind}: {exc.message}"))
             return self._error(shape, exc)
         except Exception as exc:  # a bug must not take the rollout's server down
             log.exception("proxy request failed")
-            session.internal_errors.append(f"{type(exc).__name__}: {exc}"[:500])  # the rollout blames infra
+            session.internal_errors.append(tail(f"{type(exc).__name__}: {exc}"))  # the rollout blames infra
             return self._error(shape, RequestError(f"internal proxy error: {type(exc).__name__}: {exc}",
                                                    status=500, kind="api_error"))
 
@@ -302,9 +310,12 @@ class ProxyServer:
     async def _json_body(request: web.Request) -> dict[str, Any]:
         raw = await request.read()
         try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise RequestError(f"the request body is not valid JSON: {exc}") from None
+            body = _fast_json(raw)
+        except ValueError:  # orjson refuses a few things json takes (NaN, huge integers, lone surrogates)
+            try:
+                body = json.loads(raw)
+            except ValueError as exc:
+                raise RequestError(f"the request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
         return body
@@ -312,19 +323,22 @@ class ProxyServer:
     async def _complete(self, request: web.Request, session: Session, module) -> web.StreamResponse:
         body = await self._json_body(request)
         conversation, options = module.parse_request(body)
-        completion = await session.complete(conversation, protocol=module.PROTOCOL, stream=options["stream"],
-                                            max_tokens=options["max_tokens"], parse_tools=options["parse_tools"],
-                                            stop=options.get("stop", ()))
+        call = {"protocol": module.PROTOCOL, "stream": options["stream"], "max_tokens": options["max_tokens"],
+                "parse_tools": options["parse_tools"], "stop": options.get("stop", ()),
+                "tool_choice": options.get("tool_choice")}
         if not options["stream"]:
-            return web.json_response(module.response_body(completion, options, self.model_name))
-        render: Callable = getattr(module, "stream_events", None) or module.stream_chunks
-        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                           "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        for line in render(completion, options, self.model_name):
-            await response.write(line)
-        await response.write_eof()
-        return response
+            completion = await session.complete(conversation, **call)
+            return web.Response(body=to_json(module.response_body(completion, options, self.model_name)),
+                                content_type="application/json")
+        streamer = ReplyStreamer(request, WRITERS[module.PROTOCOL](options, self.model_name), self.renderer,
+                                 tuple(self.engine.eos_token_ids), options)
+        try:
+            completion = await session.complete(conversation, **call, on_tokens=streamer.tokens)
+            return await streamer.finish(completion)
+        except Exception as exc:
+            if not streamer.started:
+                raise  # nothing sent yet: answered with the protocol's error status
+            return await streamer.fail(exc, session)
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         conversation, _ = anthropic.parse_request(await self._json_body(request))

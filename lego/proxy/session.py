@@ -1,9 +1,28 @@
 """A session per rollout attempt: the exact token streams it served, and a record of every call.
 
 How a request becomes tokens (the heart of tokens in / tokens out):
-- Requests are grouped into *threads* by their leading system text. The main thread is the first thread whose
-  requests carry tools (or, when no request ever carries tools, the first thread); every other thread is a
-  sub-agent (Claude Code's title or Agent-tool calls, OpenCode's title generator) and is kept apart.
+- Requests are grouped into *threads*, one per agent the harness runs. What tells agents apart is what the
+  requests show, checked in this order:
+  1. The agent's *signature*: its leading system text (whitespace-normalized, volatile parts removed: Claude Code's
+     billing header carries `cc_version=<version>.<fingerprint of the first user message>`, which changes when it
+     compacts) and the set of its tool names. A request with a signature seen before belongs to that thread.
+     Sub-agents differ from their parent in one or the other: Claude Code's Agent sub-agents and the title
+     generators by system text; OpenCode's `task` and Codex's `spawn_agent` sub-agents (even with
+     `fork_context`, which replays the parent's user messages) send the parent's system text with fewer tools.
+  2. A new signature, with tools, whose conversation *continues* a thread: after the system turn it holds all of
+     one of the thread's branches, the model's sampled replies included, in order (the harness changed its system
+     text or tools mid-conversation). It joins that thread (kind `rewrite`: the prompt renders differently from the
+     start). Sharing user messages is not enough: a forked sub-agent replays them, never the parent's sampled
+     replies. A request without tools that replays a conversation is a side call (a summary, a classifier), not
+     the agent going on.
+  3. Otherwise a new thread.
+  The main thread is the first thread whose requests carry tools (or, when no request ever carries tools, the first
+  thread): harnesses start their main agent before any sub-agent, and a title request carries no tools. Every other
+  thread is a sub-agent and kept apart. Compaction stays in the main thread: Claude Code's summary request is the
+  main agent's history plus an instruction (a `rewrite` from the last common checkpoint), and the compacted
+  conversation that follows has the main signature and no common messages (a `rewrite` from scratch).
+  A fresh conversation with exactly the main agent's system text and tools is taken for a main-thread `rewrite`;
+  none of Claude Code, OpenCode, Codex, mini-swe-agent or OpenHands starts a sub-agent that way.
 - A thread holds *branches*: token streams, each of which becomes one `Segment`. A branch knows the content keys of
   the messages it covers (see `messages.ChatMessage.key`) and *checkpoints*: token positions where a known message
   list ends (after the leading system turn, at the end of each prompt's messages, after each sampled reply).
@@ -19,6 +38,26 @@ How a request becomes tokens (the heart of tokens in / tokens out):
     malformed reply thus stays in the old segment with its mask-1 tokens, and the continuing segment holds only
     tokens the model sampled or was shown, in the order it saw them.
   * Nothing known: a new branch from scratch (kind `start` for a thread's first call, else `rewrite`).
+- What a request asks is either done, decided by the policy, harmless, or refused with the protocol's 400 naming it:
+  nothing is dropped silently. Each parser lists every request field it accepts and why (`FIELDS` in
+  anthropic.py, openai_chat.py and responses.py; lego/proxy/fields.py) and refuses any other. Done without changing
+  what the model sampled, only where its generation starts or ends:
+  * A forced tool call (`tool_choice` required/any or a named tool) has the call's opening written at the end of its
+    prompt (mask 0); the model samples the rest.
+  * No parallel tool calls (OpenAI/Responses `parallel_tool_calls: false`, Anthropic `disable_parallel_tool_use`):
+    `</tool_call>` is a stop string, so the generation ends with the first complete call (a `</tool_call>` the model
+    writes inside its reasoning would end it too). The recorded tokens are exactly the sampled ones; the template's
+    end of turn after them is context owed to the next prompt, as after any stop string.
+  * An assistant's refusal in replayed history (an OpenAI `refusal` field or part) is what it said: its text.
+  Refused, because serving them would answer something other than what the model was shown or sampled: images,
+  audio and files (the policy reads text only); structured output (a JSON schema or JSON mode, strict tools: the
+  policy samples unconstrained, and constraining it would record tokens from another distribution); hosted and
+  server tools the proxy does not run (web search, code execution, computer use, file search, MCP, Anthropic's
+  built-in tools) and the items they leave in history; server-side state (Responses `previous_response_id`,
+  `conversation`, stored prompts and items, encrypted reasoning); n > 1 and log-probs in the reply; context edits.
+  One hosted tool is accepted and not offered: Codex's `web_search`, which it sends on every call (why that is
+  harmless: responses.py). Sampling and reasoning settings (temperature, top_p, top_k, penalties, seed, thinking
+  budget, effort, verbosity) are the policy's (below).
 - Sampled tokens stay as sampled in the stream, so later prompts contain the model's own tokens even when the
   harness re-serializes its tool-call JSON or when the template would strip `<think>` from earlier turns (Qwen3
   drops reasoning of assistant turns before the last user query; the stream keeps what the model actually saw).
@@ -26,22 +65,30 @@ How a request becomes tokens (the heart of tokens in / tokens out):
   answered with the protocol's context-length error.
 - Temperature and top-p come from the policy's SamplingConfig, never from the request: the log-probs the trainer
   compares against must come from the distribution that was sampled, the same for every harness (on-policy RL).
+  So do the other sampling parameters a request may carry, and reasoning settings: the policy thinks as its chat
+  template says (`renderer.thinking`), however much effort or thinking budget a request asks for.
   The request's max_tokens is honoured only below the configured maximum.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
+import json
+import re
 import time
+from array import array
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lego.config import SamplingConfig
-from lego.engine.base import Engine, GenerateResult, SamplingParams
+from lego.engine.base import Engine, GenerateResult, SamplingParams, generate_streaming
 from lego.proxy.messages import ContextOverflowError, Conversation, RequestError
 from lego.proxy.render import ChatRenderer
-from lego.proxy.reply import Reply, parse_reply
+from lego.proxy.reply import CALL_CLOSE, Reply, parse_reply
 from lego.records import LLMCall, Segment, SegmentReason
 
 
@@ -53,14 +100,15 @@ class Checkpoint:
 
 
 class Branch:
-    """One token stream of a thread; becomes one Segment."""
+    """One token stream of a thread; becomes one Segment. Its tokens, mask and log-probs are flat arrays (as the
+    segment stores them), not lists of Python numbers the garbage collector would walk on every full collection."""
 
     def __init__(self, thread: Thread, reason: SegmentReason) -> None:
         self.thread = thread
         self.reason = reason
-        self.token_ids: list[int] = []
-        self.mask: list[int] = []
-        self.logprobs: list[float] = []
+        self.token_ids = array("i")
+        self.mask = array("B")
+        self.logprobs = array("f")
         self.routing: list[np.ndarray] = []  # row chunks, [rows, layers, top_k]
         self.routing_rows = 0
         self.keys: list[str] = []
@@ -73,8 +121,8 @@ class Branch:
         # The copied prefix is context here: its sampled tokens keep mask 1 only in the segment they were
         # sampled in, so every sampled token is trained exactly once.
         branch.token_ids = self.token_ids[:end]
-        branch.mask = [0] * end
-        branch.logprobs = [0.0] * end
+        branch.mask = array("B", bytes(end))
+        branch.logprobs = array("f", bytes(4 * end))
         if self.routing and self.routing_rows:
             rows = np.concatenate(self.routing, axis=0)[: min(end, self.routing_rows)]
             branch.routing, branch.routing_rows = [rows], len(rows)
@@ -84,8 +132,8 @@ class Branch:
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.token_ids.extend(ids)
-        self.mask.extend([1 if sampled else 0] * len(ids))
-        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.mask.extend(bytes([1 if sampled else 0]) * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else array("f", bytes(4 * len(ids))))
 
     def add_routing(self, routed: np.ndarray | None) -> None:
         """Keep the routing of positions not yet recorded (each token's routing from the call that first ran it)."""
@@ -111,18 +159,35 @@ class Branch:
                 pad = np.zeros((len(self.token_ids) - len(rows), *rows.shape[1:]), dtype=np.uint8)
                 rows = np.concatenate([rows, pad], axis=0)
             routed = rows
-        return Segment(token_ids=np.asarray(self.token_ids, dtype=np.int32),
-                       response_mask=np.asarray(self.mask, dtype=np.uint8),
-                       logprobs=np.asarray(self.logprobs, dtype=np.float32),
+        # copies (np.array): a view would pin the arrays' buffers, and the branch may still grow
+        return Segment(token_ids=np.array(self.token_ids, dtype=np.int32),
+                       response_mask=np.array(self.mask, dtype=np.uint8),
+                       logprobs=np.array(self.logprobs, dtype=np.float32),
                        routed_experts=routed, reason=reason, thread=thread_label)
 
 
 @dataclass
 class Thread:
-    key: str
+    key: str  # the signature of its first request (see `agent_signature`)
     order: int
     has_tools: bool
     branches: list[Branch] = field(default_factory=list)
+    system_keys: set[str] = field(default_factory=set)  # keys of its requests' leading system messages
+
+    def continued_by(self, body: list[str]) -> int:
+        """How many messages of the longest of its branches `body` (a request's keys after its system turn)
+        holds in full, sampled replies included; 0 when it holds none in full."""
+        best = 0
+        for branch in self.branches:
+            if branch.busy:  # its reply is not known yet
+                continue
+            start = 1  # keys[0] is the tools key
+            while start < len(branch.keys) and branch.keys[start] in self.system_keys:
+                start += 1
+            theirs = branch.keys[start:]
+            if best < len(theirs) <= len(body) and body[: len(theirs)] == theirs:
+                best = len(theirs)
+        return best
 
 
 @dataclass
@@ -130,6 +195,27 @@ class _Call:
     record: LLMCall
     branch: Branch | None
     thread: Thread
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """How the reply may call tools, when the request constrains it: a tool call it must make (OpenAI `required` or
+    a named function, Anthropic `any` or `tool`) and whether it may make more than one (OpenAI and Responses
+    `parallel_tool_calls: false`, Anthropic `disable_parallel_tool_use`)."""
+
+    name: str | None = None  # the tool it must call; None: any of its tools
+    required: bool = True  # a tool call is forced (else the model may answer without one)
+    parallel: bool = True  # False: the generation ends with the first complete tool call
+
+
+def forced_call_opening(choice: ToolChoice, thinking: bool) -> str:
+    """The start of a tool call as Qwen3 writes it (see lego/proxy/reply.py), written into the prompt so that the
+    model continues it: the tool's name when one is named, else just the tag. A thinking template's generation
+    prompt opens a think block: it is closed first (no reasoning before a forced call)."""
+    opening = "<tool_call>\n"
+    if choice.name is not None:
+        opening += '{"name": ' + json.dumps(choice.name, ensure_ascii=False) + ', "arguments": '
+    return ("\n</think>\n\n" if thinking else "") + opening
 
 
 @dataclass
@@ -146,9 +232,29 @@ class _Plan:
     thread: Thread
     source: Branch | None
     checkpoint: Checkpoint
-    new_ids: list[int]
+    new_ids: array  # token ids (lego/proxy/render.py NewTokens)
     header: Checkpoint | None  # the end of the leading system turn on a branch built from scratch
     prompt_end: int | None  # position where the generation prompt starts
+
+
+# Parts of a system text that change while the agent stays the same.
+VOLATILE = (
+    re.compile(r"cc_version=[^;\s]*;?"),  # Claude Code: its version and a fingerprint of the first user message
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _system_digest(text: str) -> str:
+    """Digest of a system text without its volatile parts (kept: every call of an agent sends the same text)."""
+    for pattern in VOLATILE:
+        text = pattern.sub("", text)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def agent_signature(conversation: Conversation) -> str:
+    """Which agent sent a request: its system text without volatile parts, and the names of its tools."""
+    names = ",".join(sorted(tool["function"]["name"] for tool in conversation.tools))
+    return f"{_system_digest(conversation.system_text())}:{names}"
 
 
 def common_prefix(a: list[str], b: list[str]) -> int:
@@ -178,7 +284,8 @@ class Session:
         self._inflight: set[asyncio.Task] = set()  # requests being served, cancelled when the session closes
         self.created_at = time.time()
         self._lock = asyncio.Lock()
-        self._threads: dict[str, Thread] = {}
+        self._threads: list[Thread] = []
+        self._signatures: dict[str, Thread] = {}  # every signature seen -> its thread
         self._branches: list[Branch] = []
         self._calls: list[_Call] = []
 
@@ -198,7 +305,16 @@ class Session:
 
     async def complete(self, conversation: Conversation, *, protocol: str, stream: bool = False,
                        max_tokens: int | None = None, parse_tools: bool = True,
-                       stop: tuple[str, ...] = ()) -> Completion:
+                       stop: tuple[str, ...] = (),
+                       on_tokens: Callable[[int, list[int]], Awaitable[None]] | None = None,
+                       tool_choice: ToolChoice | None = None) -> Completion:
+        """Serve one call. `on_tokens(prompt_tokens, ids)` is awaited with each chunk of sampled tokens as the
+        engine produces them (a streamed answer); the record is committed once the generation ends.
+        `tool_choice` constrains the reply's tool calls. A forced call: the call's opening (`forced_call_opening`)
+        ends the prompt (mask 0) and starts the reply's text (and the stream, before the first sampled token).
+        No parallel calls: the end of a tool call (`</tool_call>`) is a stop string, so the generation ends with
+        the first complete call; the reply keeps it (it is not one of the request's stop strings). Either way
+        every sampled token is the model's own and the record holds exactly what was sampled."""
         if not conversation.messages:
             raise RequestError("the request has no messages", param="messages")
         task = asyncio.current_task()
@@ -207,9 +323,14 @@ class Session:
             task.add_done_callback(self._inflight.discard)
         started_at, clock = time.time(), time.perf_counter()
         limit = self.sampling.max_tokens if max_tokens is None else max(1, min(max_tokens, self.sampling.max_tokens))
+        forced = tool_choice is not None and tool_choice.required
+        opening = forced_call_opening(tool_choice, self.renderer.thinking) if forced else ""
+        single_call = parse_tools and tool_choice is not None and not tool_choice.parallel and CALL_CLOSE not in stop
+        stops = (*stop, CALL_CLOSE) if single_call else stop
+        opening_ids = self.renderer.encode(opening) if opening else []
         async with self._lock:
-            plan = self._plan(conversation)
-            prompt_tokens = plan.checkpoint.position + len(plan.new_ids)
+            plan = await self._plan(conversation)
+            prompt_tokens = plan.checkpoint.position + len(plan.new_ids) + len(opening_ids)
             if prompt_tokens + limit > self.engine.max_context:
                 self.overlong = True
                 message = (f"the prompt has {prompt_tokens} tokens and may sample {limit} more, over the model's "
@@ -218,17 +339,25 @@ class Session:
                              "overlong", self._kind(plan), len(plan.new_ids), error=message)
                 raise ContextOverflowError(message)
             branch, kind, undo = self._commit(plan, conversation)
+            branch.append(opening_ids, sampled=False)
             branch.busy = True
-            prompt = list(branch.token_ids)
+            prompt = branch.token_ids[:]  # a snapshot (the branch grows after the call), as a flat array
+        new_prompt_tokens = len(plan.new_ids) + len(opening_ids)
         sampling = SamplingParams(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                                  max_tokens=limit, stop_token_ids=tuple(self.engine.eos_token_ids), stop=stop)
+                                  max_tokens=limit, stop_token_ids=tuple(self.engine.eos_token_ids), stop=stops)
         try:
-            result: GenerateResult = await self.engine.generate(prompt, sampling)
+            if on_tokens is None:
+                result: GenerateResult = await self.engine.generate(prompt, sampling)
+            else:
+                report = functools.partial(on_tokens, len(prompt))
+                if opening_ids:  # the reply's text starts with the forced opening
+                    await report(opening_ids)
+                result = await generate_streaming(self.engine, prompt, sampling, report)
         except Exception as exc:
             async with self._lock:
                 self._undo(branch, undo)
                 self._record(plan.thread, None, protocol, stream, started_at, clock, len(prompt), 0, "error",
-                             kind, len(plan.new_ids), error=f"{type(exc).__name__}: {exc}")
+                             kind, new_prompt_tokens, error=f"{type(exc).__name__}: {exc}")
             raise RequestError(f"the policy engine failed: {exc}", status=500, kind="api_error") from exc
         async with self._lock:
             branch.append(list(result.token_ids), sampled=True, logprobs=list(result.logprobs))
@@ -238,26 +367,24 @@ class Session:
             if result.finish_reason == "stop" and shown and shown[-1] in self.engine.eos_token_ids:
                 shown = shown[:-1]
             shown_text = self.renderer.decode(shown)
-            if result.stop_sequence and result.stop_sequence in shown_text:
+            stop_sequence = result.stop_sequence if result.stop_sequence in stop else None  # not our CALL_CLOSE
+            if stop_sequence and stop_sequence in shown_text:
                 # As the protocols define it, the reply ends before the stop string; the stream keeps every
                 # sampled token, so the model's next turn continues from exactly what it sampled.
-                shown_text = shown_text[: shown_text.index(result.stop_sequence)]
-            reply = parse_reply(shown_text, parse_tools=parse_tools)
+                shown_text = shown_text[: shown_text.index(stop_sequence)]
+            reply = parse_reply(opening + shown_text, parse_tools=parse_tools, thinking=self.renderer.thinking)
             branch.keys.append(reply.as_message().key())
             branch.checkpoints.append(Checkpoint(len(branch.keys), len(branch.token_ids),
                                                  self.renderer.bridge_after(sampled_text)))
             branch.busy = False
             self._record(plan.thread, branch, protocol, stream, started_at, clock, len(prompt),
-                         len(result.token_ids), result.finish_reason, kind, len(plan.new_ids))
+                         len(result.token_ids), result.finish_reason, kind, new_prompt_tokens)
         return Completion(reply=reply, finish_reason=result.finish_reason, prompt_tokens=len(prompt),
-                          completion_tokens=len(result.token_ids), stop_sequence=result.stop_sequence)
+                          completion_tokens=len(result.token_ids), stop_sequence=stop_sequence)
 
-    def _plan(self, conversation: Conversation) -> _Plan:
+    async def _plan(self, conversation: Conversation) -> _Plan:
         keys = conversation.keys()
-        thread_key = conversation.system_text()
-        thread = self._threads.get(thread_key)
-        if thread is None:
-            thread = self._threads[thread_key] = Thread(thread_key, len(self._threads), bool(conversation.tools))
+        thread = self._thread_for(conversation, keys)
         # Candidate starting points: for each branch, checkpoints within the known run of keys, longest first.
         candidates: list[tuple[int, int, Branch | None, Checkpoint]] = []
         for order, branch in enumerate(thread.branches):
@@ -267,31 +394,39 @@ class Session:
                     candidates.append((checkpoint.messages, order, branch, checkpoint))
         candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
         candidates.append((0, -1, None, Checkpoint(0, 0)))
-        tools = conversation.tools
         for messages_known, _, branch, checkpoint in candidates:
             known = max(0, messages_known - 1)  # keys[0] is the tools key
-            template = conversation.template_messages(known=known)
-            full = self.renderer.render(template, tools, add_generation_prompt=True)
-            prefix = self.renderer.prefix_text(template[:known], tools)
-            if not full.startswith(prefix):
+            new = await self.renderer.new_tokens(conversation, known, checkpoint.bridge, start=branch is None)
+            if new is None:
                 continue  # the template renders the known part differently now: try an earlier checkpoint
-            header = None
-            if branch is None and len(template) > 1 and template[0]["role"] == "system":
-                head = self.renderer.prefix_text(template[:1], tools)
-                if full.startswith(head):
-                    head_ids = self.renderer.encode(head)
-                    new_ids = head_ids + self.renderer.encode(full[len(head):])
-                    header = Checkpoint(2, len(head_ids))
-                else:
-                    new_ids = self.renderer.encode(full)
-            else:
-                new_ids = self.renderer.encode(checkpoint.bridge + full[len(prefix):])
+            new_ids = new.ids
+            # the end of the leading system turn, on a branch built from scratch
+            header = Checkpoint(2, new.header) if new.header is not None else None
             gen = self.renderer.generation_prompt_ids
             prompt_end = None
             if gen and new_ids[-len(gen):] == gen:
                 prompt_end = checkpoint.position + len(new_ids) - len(gen)
             return _Plan(thread, branch, checkpoint, new_ids, header, prompt_end)
         raise AssertionError("the empty checkpoint always matches")  # pragma: no cover
+
+    def _thread_for(self, conversation: Conversation, keys: list[str]) -> Thread:
+        """The request's thread (the rule is in the module docstring)."""
+        signature = agent_signature(conversation)
+        system = 0
+        while system < len(conversation.messages) and conversation.messages[system].role == "system":
+            system += 1
+        thread = self._signatures.get(signature)
+        if thread is None:
+            body = keys[1 + system:]
+            held = [(t.continued_by(body), -t.order, t) for t in self._threads] if conversation.tools else []
+            best = max(held, key=lambda h: h[:2], default=(0, 0, None))
+            thread = best[2] if best[0] else None
+            if thread is None:
+                thread = Thread(signature, len(self._threads), bool(conversation.tools))
+                self._threads.append(thread)
+            self._signatures[signature] = thread
+        thread.system_keys.update(keys[1:1 + system])
+        return thread
 
     @staticmethod
     def _extends(plan: _Plan) -> bool:
@@ -356,7 +491,7 @@ class Session:
         return len(pending)
 
     def main_thread(self) -> Thread | None:
-        threads = sorted(self._threads.values(), key=lambda t: t.order)
+        threads = self._threads  # in order of their first request
         with_tools = [t for t in threads if t.has_tools and t.branches]
         with_tokens = [t for t in threads if t.branches]
         return (with_tools or with_tokens or [None])[0]

@@ -1,0 +1,149 @@
+"""The proxy's cost per call: only what is new is rendered and tokenized, and it is exactly what full rendering and
+the tokenizer give.
+
+With the real Qwen3 tokenizer and template: skeleton renders against full renders on random conversations, the
+probe turning skeletons off for a template they cannot stand in for, the first turn's tokens kept per process, the
+word-cache tokenizer against the tokenizer on random ASCII, and tool-list keys by value.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import httpx
+import pytest
+from proxy_doubles import BackgroundProxy, ScriptedEngine, assistant_text, check_fidelity
+
+from lego.proxy.encoder import WordCacheEncoder
+from lego.proxy.messages import ChatMessage, Conversation, ToolCall, tools_key
+from lego.proxy.render import ChatRenderer
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command",
+                                           "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "read", "description": "Read a file",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+CONTENTS = ["ok", "", "  spaced  ", "\n\nlines\n\n", "<tool_response>\nwrapped\n</tool_response>", "é 中文 🦜",
+            "{{ not jinja }} {% raw %}", "</think> <think>", "a" * 300, "<|im_end|>", "tab\tand\r\nCRLF"]
+
+
+@pytest.fixture(scope="module")
+def renderers(tokenizer):
+    return ChatRenderer(tokenizer), ChatRenderer(tokenizer, incremental=False)
+
+
+def random_conversation(rng: random.Random) -> tuple[Conversation, int]:
+    messages = [ChatMessage("system", rng.choice(CONTENTS) or "sys")] if rng.random() < 0.8 else []
+    messages.append(ChatMessage("user", rng.choice(CONTENTS)))
+    for _ in range(rng.randint(0, 5)):
+        calls = [ToolCall("bash", json.dumps({"command": rng.choice(CONTENTS)}))] * rng.randint(0, 2)
+        messages.append(ChatMessage("assistant", rng.choice(CONTENTS), calls,
+                                    reasoning=rng.choice([None, "", "thought"])))
+        for _ in range(rng.randint(0, 3)):
+            role = rng.choice(["tool", "tool", "user", "system"])
+            messages.append(ChatMessage(role, rng.choice(CONTENTS), tool_call_id="c" if role == "tool" else ""))
+    known = rng.randint(1, len(messages) - 1) if len(messages) > 1 else 1
+    return Conversation(messages, TOOLS if rng.random() < 0.7 else []), known
+
+
+def test_the_qwen3_template_renders_from_skeletons(renderers):
+    fast, full = renderers
+    assert fast.incremental and not full.incremental
+
+
+def test_skeletons_render_what_the_full_template_renders(renderers):
+    fast, full = renderers
+    rng = random.Random(3)
+    rendered_from_skeletons = 0
+    for _ in range(600):
+        conversation, known = random_conversation(rng)
+        expected = full.new_text(conversation, known)
+        assert fast.new_text(conversation, known) == expected, [m.role for m in conversation.messages]
+        new = conversation.messages[known:]
+        rendered_from_skeletons += all(m.role in ("user", "tool", "system") for m in new) and len(new) > 0
+    assert rendered_from_skeletons > 100  # the fast path was the one compared, not only the fallback
+
+
+def test_a_template_skeletons_cannot_stand_in_for_is_rendered_whole(tokenizer):
+    numbered = copy.copy(tokenizer)  # the same tokenizer, its tool results numbered by their place
+    numbered.chat_template = tokenizer.chat_template.replace(
+        "{{- '\\n<tool_response>\\n' }}", "{{- '\\n<tool_response>' + loop.index|string + '\\n' }}")
+    assert numbered.chat_template != tokenizer.chat_template
+    renderer = ChatRenderer(numbered)
+    assert not renderer.incremental
+    conversation = Conversation([ChatMessage("system", "s"), ChatMessage("user", "u"),
+                                 ChatMessage("assistant", "a", [ToolCall("bash", "{}")]),
+                                 ChatMessage("tool", "out", tool_call_id="c")], [])
+    assert "<tool_response>4\nout" in renderer.new_text(conversation, 3)
+
+
+def test_a_sessions_first_turn_is_tokenized_once_per_process(tokenizer):
+    engine = ScriptedEngine(tokenizer)
+    background = BackgroundProxy(engine, tokenizer)
+    renderer = background.server.renderer
+    encoded: list[int] = []
+    encode = renderer.encode
+
+    def counting(text: str) -> list[int]:
+        encoded.append(len(text))
+        return encode(text)
+
+    renderer.encode = counting
+    try:
+        system = "You are a careful coding agent. " * 400  # a harness's long system prompt
+        body = {"model": "m", "tools": TOOLS, "messages": [{"role": "system", "content": system},
+                                                           {"role": "user", "content": "Fix calc.py"}]}
+        engine.script(assistant_text("Looking.", [("bash", {"command": "ls"})]),
+                      assistant_text("Looking.", [("bash", {"command": "ls"})]))
+        first, second = background.open_session(), background.open_session()
+        for session in (first, second):
+            encoded.clear()
+            response = httpx.post(f"{session.openai_base_url}/chat/completions", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            if session is first:
+                assert max(encoded) > len(system)  # the first session tokenized the system turn
+            else:
+                assert sum(encoded) < 200  # the second one only its user turn: the system turn was kept
+        full = tokenizer.apply_chat_template(body["messages"], tools=TOOLS, add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"]
+        assert engine.prompts[0] == engine.prompts[1] == list(full)
+        for session in (first, second):
+            view = ScriptedEngine(tokenizer)
+            index = 0 if session is first else 1
+            view.prompts, view.results = [engine.prompts[index]], [engine.results[index]]
+            check_fidelity(session, view)
+    finally:
+        background.close()
+
+
+def test_the_word_cache_tokenizes_as_the_tokenizer(tokenizer):
+    fast = tokenizer._tokenizer
+    encoder = WordCacheEncoder.for_tokenizer(fast)
+    assert encoder is not None
+    rng = random.Random(11)
+    alphabet = [chr(code) for code in range(128)] + [" "] * 30 + ["\n"] * 10 + [
+        "'s", "'LL", "<|im_end|>", "<tool_call>", "</tool_response>", "<think>", "  ", "\r\n", "123", "x_y"]
+    for _ in range(4000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
+        assert encoder.encode(text) == fast.encode(text, add_special_tokens=False).ids, repr(text)
+    assert encoder.encode("naïve") is None  # not ASCII: the tokenizer's own
+    code = open(__file__).read()
+    assert ChatRenderer(tokenizer).encode(code) == fast.encode(code, add_special_tokens=False).ids
+
+
+def test_the_word_cache_refuses_a_tokenizer_it_cannot_match():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    other = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")]))
+    other.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert WordCacheEncoder.for_tokenizer(other) is None
+
+
+def test_tool_lists_are_keyed_by_value():
+    tools = copy.deepcopy(TOOLS)
+    key = tools_key(tools)
+    assert tools_key(copy.deepcopy(TOOLS)) == key
+    tools[0]["function"]["description"] = "Run a command, changed"
+    assert tools_key(tools) != key  # the kept copy did not change with the caller's list
+    assert tools_key(copy.deepcopy(TOOLS)) == key
