@@ -48,6 +48,8 @@ class StageOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     outputs: dict[str, Path] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
+    # The stage's wall time when part of it ran before `compute` (the rollout's shards); None: compute's own.
+    seconds: float | None = None
 
 
 @dataclass
@@ -112,7 +114,8 @@ def run_cached(ctx: StageContext, stage: str, iteration: int | None, inputs: dic
         stage=stage, iteration=iteration, key=key, path=str(directory), inputs=parts,
         metrics={k: float(v) for k, v in output.metrics.items()},
         outputs={name: str(path) for name, path in output.outputs.items()}, data=output.data,
-        seconds=round(time.monotonic() - started, 3), created_at=datetime.now(UTC).isoformat(),
+        seconds=round(output.seconds if output.seconds is not None else time.monotonic() - started, 3),
+        created_at=datetime.now(UTC).isoformat(),
     )
     write_json_atomic(directory / RESULT_FILE, result.model_dump_json(indent=2))
     return result

@@ -7,6 +7,7 @@ plan (key, cache check, pending requests) -> execute shards -> finish (check all
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class RolloutPlan:
     policy: Policy
     iteration: int
     cached: StageResult | None = None
+    started_at: float = 0.0  # wall clock (time.time(): the shards may run in other processes)
 
 
 def plan_rollouts(ctx: StageContext, task_list: StageResult, policy: Policy, iteration: int) -> RolloutPlan:
@@ -56,7 +58,7 @@ def plan_rollouts(ctx: StageContext, task_list: StageResult, policy: Policy, ite
               **rollout_settings(ctx)}
     key = key_of({"stage": STAGE, "iteration": iteration, "code": code_version(STAGE), **inputs})
     data_run_id = f"rollout-{key[:16]}"
-    plan = RolloutPlan(key, data_run_id, inputs, tasks, [], [], policy, iteration)
+    plan = RolloutPlan(key, data_run_id, inputs, tasks, [], [], policy, iteration, started_at=time.time())
     if not ctx.force:
         plan.cached = load_result(ctx.work, STAGE, key)
         if plan.cached is not None:
@@ -72,8 +74,6 @@ def plan_rollouts(ctx: StageContext, task_list: StageResult, policy: Policy, ite
 
 
 def _stamp() -> str:
-    import time
-
     return f"{time.time_ns() // 1_000_000:x}"
 
 
@@ -94,8 +94,10 @@ def finish_rollouts(ctx: StageContext, plan: RolloutPlan) -> StageResult:
     check_complete(ctx, plan.requests, plan.data_run_id, STAGE, plan.iteration)
 
     def compute(directory: Path) -> StageOutput:
-        return rollout_output(ctx, directory, plan.data_run_id, STAGE, plan.iteration, plan.requests,
-                              plan.policy)
+        output = rollout_output(ctx, directory, plan.data_run_id, STAGE, plan.iteration, plan.requests,
+                                plan.policy)
+        output.seconds = time.time() - plan.started_at  # planning, the shards and this summary
+        return output
 
     result = run_cached(ctx, STAGE, plan.iteration, plan.inputs, compute)
     assert result.key == plan.key, "rollout key drifted between plan and finish"
