@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from lego.config import LegoConfig
 from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.attempts import execute_requests
+from lego.pipeline.baseline_stage import run_baseline_stage
 from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.evaluate_stage import run_evaluate_stage
 from lego.pipeline.filter_stage import run_filter_stage
@@ -40,7 +41,7 @@ def warmstart_task(run_id: str) -> StageResult:
 def baseline_task(run_id: str) -> StageResult:
     """Evaluates the policy RL starts from (iteration 0 samples from it)."""
     run = get_run(run_id)
-    return run.record(run_evaluate_stage(run.ctx, run.result("taskset"), run.policy(0), None, stage="baseline"))
+    return run.record(run_baseline_stage(run.ctx, run.result("taskset"), run.policy(0)))
 
 
 @task(name="filter", cache_policy=NO_CACHE)

@@ -50,8 +50,9 @@ class DoubleRunner:
     @contextlib.contextmanager
     def grader(self, ctx):
         def grade(task, trajectory) -> Outcome:
-            digest = int(hashlib.sha256(trajectory.rollout_id.encode()).hexdigest()[:8], 16)
-            solved = digest % 2 == 0 or trajectory.metadata.get("gold")
+            # Every GRPO group of two or more samples gets both rewards (its even samples solve the task), so a
+            # train step always has signal; a gold demonstration is always resolved.
+            solved = trajectory.sample_index % 2 == 0 or trajectory.metadata.get("gold")
             kind = OutcomeKind.resolved if solved else OutcomeKind.unresolved
             return Outcome(trajectory.rollout_id, trajectory.task_id, kind, evidence={"check": "double"})
 

@@ -49,7 +49,7 @@ STAGE_MODULES: dict[str, str] = {
     "dataset": "dataset_stage",
     "train": "train_stage",
     "evaluate": "evaluate_stage",
-    "baseline": "evaluate_stage",
+    "baseline": "baseline_stage",
 }
 
 

@@ -151,9 +151,13 @@ def parse_messages(raw: Any) -> list[ChatMessage]:
     return messages
 
 
-def parse_tool_choice(raw: Any, tools: list[dict[str, Any]],
-                      parallel: bool = True) -> tuple[bool, ToolChoice | None]:
-    """(whether the reply is read for tool calls, how its tool calls are constrained: None when they are not)."""
+NAMED_CHOICE = '{"type": "function", "function": {"name": ...}}'
+
+
+def parse_tool_choice(raw: Any, tools: list[dict[str, Any]], parallel: bool = True,
+                      named_form: str = NAMED_CHOICE) -> tuple[bool, ToolChoice | None]:
+    """(whether the reply is read for tool calls, how its tool calls are constrained: None when they are not).
+    `named_form`: how the protocol names one function, for the error message (Responses calls in here too)."""
     if raw is None or raw == "auto":
         return bool(tools), None if parallel or not tools else ToolChoice(required=False, parallel=False)
     if raw == "none":
@@ -164,8 +168,8 @@ def parse_tool_choice(raw: Any, tools: list[dict[str, Any]],
         function = expect(raw.get("function"), dict, "tool_choice.function")
         choice = ToolChoice(expect(function.get("name"), str, "tool_choice.function.name"), parallel=parallel)
     else:
-        raise RequestError("'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": "
-                           "{\"name\": ...}} (allowed_tools and custom tools are not supported)", param="tool_choice")
+        raise RequestError(f"'tool_choice' must be none, auto, required or {named_form} (allowed_tools, hosted and "
+                           "custom tools are not supported)", param="tool_choice")
     if not tools:
         raise RequestError("'tool_choice' requires a tool call but the request has no tools", param="tool_choice")
     if choice.name is not None and choice.name not in {tool["function"]["name"] for tool in tools}:

@@ -41,6 +41,7 @@ import secrets
 import time
 from typing import Any
 
+from lego.proxy import openai_chat
 from lego.proxy.fields import check_fields, checked, harmless, honoured, option_object, policy, unsupported
 from lego.proxy.messages import (
     ChatMessage,
@@ -214,25 +215,11 @@ def parse_input(raw: Any, instructions: Any) -> list[ChatMessage]:
 
 def parse_tool_choice(raw: Any, tools: list[dict[str, Any]],
                       parallel: bool = True) -> tuple[bool, ToolChoice | None]:
-    """(whether the reply is read for tool calls, how its tool calls are constrained: None when they are not)."""
-    if raw is None or raw == "auto":
-        return bool(tools), None if parallel or not tools else ToolChoice(required=False, parallel=False)
-    if raw == "none":
-        return False, None
-    if raw == "required":
-        choice = ToolChoice(parallel=parallel)
-    elif isinstance(raw, dict) and raw.get("type") == "function":
-        choice = ToolChoice(expect(raw.get("name"), str, "tool_choice.name"), parallel=parallel)
-    else:
-        raise RequestError("'tool_choice' must be none, auto, required or {\"type\": \"function\", \"name\": ...} "
-                           "(allowed_tools and hosted or custom tools are not supported)", param="tool_choice")
-    if not tools:
-        raise RequestError("'tool_choice' requires a tool call but the request has no function tools",
-                           param="tool_choice")
-    if choice.name is not None and choice.name not in {tool["function"]["name"] for tool in tools}:
-        raise RequestError(f"'tool_choice' names {choice.name!r}, which is not one of the request's tools",
-                           param="tool_choice")
-    return True, choice
+    """As Chat Completions' (openai_chat.parse_tool_choice), where Responses names a function at the top level:
+    {"type": "function", "name": ...}."""
+    if isinstance(raw, dict) and raw.get("type") == "function":
+        raw = {"type": "function", "function": {"name": expect(raw.get("name"), str, "tool_choice.name")}}
+    return openai_chat.parse_tool_choice(raw, tools, parallel, named_form='{"type": "function", "name": ...}')
 
 
 def check_options(body: dict[str, Any]) -> None:
