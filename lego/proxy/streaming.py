@@ -23,6 +23,7 @@ import json
 import logging
 import secrets
 import time
+from abc import ABC, abstractmethod
 from typing import Any
 
 from aiohttp import web
@@ -54,24 +55,28 @@ def to_json(value: Any) -> bytes:
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-class StreamWriter:
+class StreamWriter(ABC):
     """The SSE events of one protocol for one streamed reply (subclasses: one per protocol)."""
 
     def __init__(self, options: dict[str, Any], model: str) -> None:
         self.options = options
         self.model = options["model"] or model
 
+    @abstractmethod
     def start(self, prompt_tokens: int) -> list[bytes]:
-        raise NotImplementedError
+        """The events that open the reply (sent with the first tokens)."""
 
+    @abstractmethod
     def events(self, events: list[ReplyEvent]) -> list[bytes]:
-        raise NotImplementedError
+        """The events for newly parsed pieces of the reply."""
 
+    @abstractmethod
     def finish(self, completion: Completion) -> list[bytes]:
-        raise NotImplementedError
+        """The events that close the reply, with its finish reason and usage."""
 
+    @abstractmethod
     def error(self, exc: RequestError) -> list[bytes]:
-        raise NotImplementedError
+        """The protocol's error event for a failure after the stream opened."""
 
 
 class OpenAIChatWriter(StreamWriter):
