@@ -218,6 +218,35 @@ def _print_run_summary(cfg, work, summary: dict) -> None:
 
 
 @app.command()
+def status(
+    arguments: Annotated[list[str] | None, typer.Argument(
+        metavar="[RUN] [OVERRIDES]...", show_default=False,
+        help="The run id (default: the newest run of the work dir), then overrides section.key=value ...")] = None,
+    config: ConfigOption = "default",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
+    stall_minutes: Annotated[float | None, typer.Option(
+        help="A running run without progress for this many minutes is stalled (default 15).")] = None,
+) -> None:
+    """Diagnose a live or finished run: named signatures (log-prob mismatch, infra errors, no learning signal,
+    tool-call collapse, stalls ...), each with its evidence and what to check. Exits 1 when a finding is an error."""
+    from lego.pipeline.diagnosis import STALL_MINUTES, diagnose, format_diagnosis
+
+    # A run id never contains '=': the first plain argument is the run, the key=value ones are overrides.
+    runs = [item for item in arguments or [] if "=" not in item]
+    if len(runs) > 1:
+        raise typer.BadParameter(f"one run at a time; got {', '.join(runs)}")
+    cfg, work = _load(config, [item for item in arguments or [] if "=" in item])
+    diagnosis = diagnose(work, cfg, runs[0] if runs else "latest",
+                         stall_minutes=STALL_MINUTES if stall_minutes is None else stall_minutes)
+    if as_json:
+        print(diagnosis.model_dump_json(indent=2))
+    else:
+        print(format_diagnosis(diagnosis))
+    if diagnosis.has_errors:
+        raise typer.Exit(1)
+
+
+@app.command()
 def stage(
     name: Annotated[str, typer.Argument(help="taskset | warmstart | filter | baseline | rollout | verify | dataset | train | evaluate")],
     config: ConfigOption = "default",

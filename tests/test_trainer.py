@@ -95,6 +95,7 @@ def test_metrics_on_policy_batch(tiny_model_path, batch):
     assert metrics["routing_differs_share"] == 0.0  # fp32 engine and fp32 trainer route alike
     assert metrics["entropy"] > 0 and metrics["grad_norm"] > 0
     assert metrics["response_tokens"] == sum(int(m.sum()) for m in batch.response_mask)
+    assert metrics["learning_rate"] == TrainConfig().lr  # the optimizer's rate, read by `lego status`
 
 
 def test_a_few_steps_lower_the_loss(tiny_model_path, batch):

@@ -26,8 +26,8 @@ def _rate(resolved: float | None, attempts: float | None, confidence: float) -> 
 
 
 def _eval_rate(metrics: dict[str, float], prefix: str, confidence: float) -> dict[str, Any] | None:
-    attempts = metrics.get(f"{prefix}attempts", 0) - metrics.get(f"{prefix}infra_errors", 0)
-    return _rate(metrics.get(f"{prefix}resolved"), attempts, confidence)
+    # an evaluation's `attempts` are its graded attempts: infra failures are already left out
+    return _rate(metrics.get(f"{prefix}resolved"), metrics.get(f"{prefix}attempts"), confidence)
 
 
 def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str, Any]:

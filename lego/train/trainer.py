@@ -406,6 +406,7 @@ class Trainer:
                 }
             else:
                 metrics[f"loss_epoch{epoch}"] = total_loss
+        metrics["learning_rate"] = float(self.optimizer.param_groups[0]["lr"])  # `lego status` flags 0
         return metrics
 
     def save(self, out_dir: str | Path) -> Path:
