@@ -192,6 +192,7 @@ class TrackingConfig(Section):
     # None: sqlite under the work dir.
     mlflow_uri: str | None = None
     experiment: str | None = None
+    traces: bool = True  # every rollout as an MLflow trace (lego/track/traces.py)
 
 
 class ScheduleConfig(Section):

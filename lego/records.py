@@ -6,11 +6,15 @@ verl's agent loop); the data layer stores them as compact Parquet columns.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
+
+from lego.errors import LegoError
 
 
 class TerminationReason(StrEnum):
@@ -85,7 +89,14 @@ class Segment:
 
 @dataclass
 class LLMCall:
-    """One request the harness made through the proxy."""
+    """One request the harness made through the proxy.
+
+    `request_json` holds what the harness asked, in OpenAI chat form (the proxy's parsed conversation: every
+    protocol's request becomes one), stored as what it adds to an earlier call of the same thread, so a long
+    conversation costs its length once, not once per call: `{"base": <call_index or -1>, "keep": <n>,
+    "messages": [...], "tools": [...]}` means the first `keep` messages of call `base`'s request, then `messages`;
+    `tools` is absent when it equals call `base`'s. `expand_requests` rebuilds every call's whole request.
+    `reply_json` is the reply as the assistant message the harness received (empty when the call failed)."""
 
     call_index: int
     protocol: str  # openai_chat | anthropic_messages | openai_responses
@@ -99,6 +110,44 @@ class LLMCall:
     new_prompt_tokens: int = 0  # tokens rendered for this call (the rest came from the session's stream)
     stream: bool = False
     error: str | None = None
+    thread: str = ""  # "main" or "subagent:<n>", as the segment's thread ("" in records from before it was kept)
+    request_json: str = ""  # "" in records from before requests were kept
+    reply_json: str = ""
+
+
+class RequestRecordError(LegoError):
+    """A call's stored request cannot be rebuilt (a damaged record or a base call that is missing)."""
+
+
+class ChatRequest(BaseModel):
+    """One call's whole request: OpenAI chat messages and tools."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+
+def expand_requests(calls: list[LLMCall]) -> dict[int, ChatRequest]:
+    """Every call's whole request (by call index), rebuilt from the stored deltas (see LLMCall); calls recorded
+    before requests were kept are left out."""
+    out: dict[int, ChatRequest] = {}
+    for call in sorted(calls, key=lambda c: c.call_index):
+        if not call.request_json:
+            continue
+        try:
+            delta = json.loads(call.request_json)
+            base, keep = int(delta["base"]), int(delta["keep"])
+            messages = list(delta["messages"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RequestRecordError(f"call {call.call_index}: its request_json is not a request delta ({exc}): the "
+                                     "rollout's llm_calls record is damaged; rerun its stage with --force to record "
+                                     "it again") from None
+        if base >= 0 and base not in out:
+            raise RequestRecordError(f"call {call.call_index} builds on call {base}, which is not among the calls "
+                                     "given; pass all of the rollout's calls")
+        earlier = out[base] if base >= 0 else ChatRequest(messages=[], tools=[])
+        tools = delta["tools"] if "tools" in delta else earlier.tools
+        out[call.call_index] = ChatRequest(messages=earlier.messages[:keep] + messages, tools=tools)
+    return out
 
 
 @dataclass

@@ -116,6 +116,15 @@ def test_mlflow_holds_runs_params_metrics_artifacts(first_run, overrides):
     assert [a.path for a in tracker.client.list_artifacts(evaluate.info.run_id)] == ["eval_outcomes", "eval_report"]
     assert Path(stages["train/0"].data.tags["lego.ref.checkpoint"]).is_dir()  # referenced, not copied
     assert "input.train.lr" in stages["train/0"].data.params
+    # every rollout is a trace (lego/track/traces.py), graded by the verify stage, linked to its stage run
+    traces = tracker.client.search_traces(locations=[tracker.experiment_id], include_spans=False,
+                                          filter_string=f"tags.`lego.run_id` = '{first_run['run_id']}'")
+    rollouts = [t for t in traces if t.info.tags["lego.stage"] == "rollout"]
+    assert len(rollouts) == 4 == stages["rollout/0"].data.metrics["traces_logged"]
+    assert stages["rollout/0"].data.metrics["traces_failed"] == stages["verify/0"].data.metrics["traces_failed"] == 0
+    assert {t.info.trace_metadata["mlflow.sourceRun"] for t in rollouts} == {stages["rollout/0"].info.run_id}
+    assert {t.info.tags["lego.stage"] for t in traces} == {"rollout", "evaluate"}
+    assert all(t.info.tags["lego.outcome"] in ("resolved", "unresolved") for t in traces)
 
 
 def _subprocess_env(prefect_api: str, **extra: str) -> dict[str, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -170,6 +170,8 @@ def validate_trajectory(trajectory: Any) -> None:
             raise DataValidationError(f"{where} call {index} is a {type(call).__name__}, not a lego.records.LLMCall")
         _check_int(f"{where} call {index}", "call_index", call.call_index, 0)
         _check_str(f"{where} call {index}", "protocol", call.protocol)
+        for name in ("thread", "request_json", "reply_json"):
+            _check_str(f"{where} call {index}", name, getattr(call, name), allow_empty=True)
 
 
 def validate_outcome(outcome: Any) -> OutcomeKind:
@@ -409,7 +411,12 @@ def segments_from_batch(batch: pa.RecordBatch | pa.Table) -> list[tuple[str, int
 
 
 def call_from_row(row: dict[str, Any]) -> LLMCall:
-    return LLMCall(**{name: row[name] for name in LLMCall.__dataclass_fields__})
+    """A call record; a column that files written before it existed lack (NULL) gets the field's default."""
+    values = {}
+    for name, spec in LLMCall.__dataclass_fields__.items():
+        value = row.get(name)
+        values[name] = spec.default if value is None and spec.default is not MISSING else value
+    return LLMCall(**values)
 
 
 def trajectory_from_row(row: dict[str, Any], segments: list[Segment], calls: list[LLMCall]) -> Trajectory:

@@ -78,6 +78,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         pa.field("new_prompt_tokens", pa.int32()),
         pa.field("stream", pa.bool_()),
         pa.field("error", pa.string()),
+        pa.field("thread", pa.string()),
+        # what the harness asked (a delta on an earlier call's request) and the reply it got: lego.records.LLMCall
+        pa.field("request_json", pa.string()),
+        pa.field("reply_json", pa.string()),
     ]),
     "segments": pa.schema(KEY_FIELDS + [
         pa.field("rollout_id", pa.string(), nullable=False),

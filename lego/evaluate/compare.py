@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
+from lego.track.traces import run_traces_url, traces_filter
 from lego.track.tracker import Tracker
 
 COLUMNS = ("run", "harness", "policy", "iteration", "attempts", "resolved", "resolved_rate", "ci_low", "ci_high",
@@ -41,6 +42,9 @@ def comparison_rows(tracker: Tracker, run_ids: list[str] | None = None, harnesse
             "mean_turns": metrics.get("mean_turns"), "mean_tokens": metrics.get("mean_tokens"),
             "infra_error_rate": metrics.get("infra_error_rate"), "cheat_rate": metrics.get("cheat_rate"),
             "artifact_key": key, "mlflow_run_id": run.info.run_id,
+            # the evaluation's rollouts, each an MLflow trace linked to this stage run (lego/track/traces.py)
+            "traces_url": run_traces_url(tracker.uri, tracker.experiment_id, run.info.run_id),
+            "traces_filter": traces_filter(tags.get("lego.run_id", ""), "evaluate", tags.get("lego.iteration")),
         }
     return sorted(rows.values(), key=lambda r: (r["harness"], r["policy"] if r["policy"] is not None else -1, r["run"]))
 
@@ -105,8 +109,10 @@ def plot_comparison(rows: list[dict[str, Any]], path: Path, confidence: float = 
 
 
 def write_html(rows: list[dict[str, Any]], png: Path, path: Path) -> Path:
-    header = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(row[c], c in PERCENT))}</td>" for c in COLUMNS) + "</tr>"
+    header = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS) + "<th>traces</th>"
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(row[c], c in PERCENT))}</td>" for c in COLUMNS)
+                   + f'<td><a href="{html.escape(row["traces_url"])}" title="{html.escape(row["traces_filter"])}">'
+                     "rollouts</a></td></tr>"
                    for row in rows)
     path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>lego compare</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;

@@ -104,16 +104,25 @@ class PipelineRun:
     # ------------------------------------------------------------------------------------------ outputs
     def record(self, result: StageResult) -> StageResult:
         """Add a stage result to the manifest and MLflow (a nested run; cached outputs are linked, not copied)."""
+        stage_run = None
         with self.lock:
             self.manifest.record(result)
             save_manifest(self.work, self.manifest)
             if self.tracker is not None and self.manifest.mlflow_run_id:
-                self._track(result)
+                stage_run = self._track(result)
+        if stage_run is not None and not result.cached:
+            # Here, not in the stage: the traces are a view of what the stage stored, so their code stays out of
+            # the stage's content key (lego/pipeline/keys.py); a cache hit writes none (the run that computed the
+            # result holds them).
+            from lego.track.traces import log_result_traces
+
+            log_result_traces(self.tracker, run_id=self.run_id, stage=result.stage, iteration=result.iteration,
+                              data=result.data, stage_run=stage_run, pipeline_run=self.manifest.mlflow_run_id)
         state = "cached" if result.cached else f"{result.seconds:.1f}s"
         self.log(f"{result.label()}: done ({state}) -> {result.path}")
         return result
 
-    def _track(self, result: StageResult) -> None:
+    def _track(self, result: StageResult) -> str:
         tracker = self.tracker
         run = tracker.start_stage_run(self.manifest.mlflow_run_id, self.run_id, result.stage, result.iteration)
         policy_version = result.data.get("policy_version")
@@ -130,6 +139,7 @@ class PipelineRun:
         # the parent run gets the per-iteration curve of each stage metric
         prefixed = {f"{result.stage}.{name}": value for name, value in result.metrics.items()}
         tracker.log_metrics(self.manifest.mlflow_run_id, prefixed, step=result.iteration or 0)
+        return run
 
     def finish(self, status: str = "completed", summary: dict[str, Any] | None = None) -> RunManifest:
         self.manifest.status = status

@@ -89,6 +89,7 @@ from lego.engine.base import Engine, GenerateResult, SamplingParams, generate_st
 from lego.proxy.messages import ContextOverflowError, Conversation, RequestError
 from lego.proxy.render import ChatRenderer
 from lego.proxy.reply import CALL_CLOSE, Reply, parse_reply
+from lego.proxy.transcript import RequestLog, reply_json
 from lego.records import LLMCall, Segment, SegmentReason
 
 
@@ -288,6 +289,7 @@ class Session:
         self._signatures: dict[str, Thread] = {}  # every signature seen -> its thread
         self._branches: list[Branch] = []
         self._calls: list[_Call] = []
+        self._requests = RequestLog()  # what each call asked, stored as a delta on the thread's previous request
 
     @property
     def openai_base_url(self) -> str:
@@ -335,8 +337,8 @@ class Session:
                 self.overlong = True
                 message = (f"the prompt has {prompt_tokens} tokens and may sample {limit} more, over the model's "
                            f"context of {self.engine.max_context} tokens")
-                self._record(plan.thread, None, protocol, stream, started_at, clock, prompt_tokens, 0,
-                             "overlong", self._kind(plan), len(plan.new_ids), error=message)
+                self._record(plan.thread, None, conversation, protocol, stream, started_at, clock, prompt_tokens,
+                             0, "overlong", self._kind(plan), len(plan.new_ids), error=message)
                 raise ContextOverflowError(message)
             branch, kind, undo = self._commit(plan, conversation)
             branch.append(opening_ids, sampled=False)
@@ -356,8 +358,8 @@ class Session:
         except Exception as exc:
             async with self._lock:
                 self._undo(branch, undo)
-                self._record(plan.thread, None, protocol, stream, started_at, clock, len(prompt), 0, "error",
-                             kind, new_prompt_tokens, error=f"{type(exc).__name__}: {exc}")
+                self._record(plan.thread, None, conversation, protocol, stream, started_at, clock, len(prompt), 0,
+                             "error", kind, new_prompt_tokens, error=f"{type(exc).__name__}: {exc}")
             raise RequestError(f"the policy engine failed: {exc}", status=500, kind="api_error") from exc
         async with self._lock:
             branch.append(list(result.token_ids), sampled=True, logprobs=list(result.logprobs))
@@ -377,8 +379,8 @@ class Session:
             branch.checkpoints.append(Checkpoint(len(branch.keys), len(branch.token_ids),
                                                  self.renderer.bridge_after(sampled_text)))
             branch.busy = False
-            self._record(plan.thread, branch, protocol, stream, started_at, clock, len(prompt),
-                         len(result.token_ids), result.finish_reason, kind, new_prompt_tokens)
+            self._record(plan.thread, branch, conversation, protocol, stream, started_at, clock, len(prompt),
+                         len(result.token_ids), result.finish_reason, kind, new_prompt_tokens, reply=reply)
         return Completion(reply=reply, finish_reason=result.finish_reason, prompt_tokens=len(prompt),
                           completion_tokens=len(result.token_ids), stop_sequence=stop_sequence)
 
@@ -472,13 +474,17 @@ class Session:
         else:
             branch.truncate(position, keys, checkpoints)
 
-    def _record(self, thread: Thread, branch: Branch | None, protocol: str, stream: bool, started_at: float,
-                clock: float, prompt_tokens: int, completion_tokens: int, finish_reason: str, kind: str,
-                new_prompt_tokens: int, error: str | None = None) -> None:
-        record = LLMCall(call_index=len(self._calls), protocol=protocol, started_at=started_at,
+    def _record(self, thread: Thread, branch: Branch | None, conversation: Conversation, protocol: str,
+                stream: bool, started_at: float, clock: float, prompt_tokens: int, completion_tokens: int,
+                finish_reason: str, kind: str, new_prompt_tokens: int, error: str | None = None,
+                reply: Reply | None = None) -> None:
+        index = len(self._calls)
+        record = LLMCall(call_index=index, protocol=protocol, started_at=started_at,
                          latency_s=time.perf_counter() - clock, prompt_tokens=prompt_tokens,
                          completion_tokens=completion_tokens, finish_reason=finish_reason, segment_index=-1,
-                         kind=kind, new_prompt_tokens=new_prompt_tokens, stream=stream, error=error)
+                         kind=kind, new_prompt_tokens=new_prompt_tokens, stream=stream, error=error,
+                         request_json=self._requests.encode(thread.order, index, conversation),
+                         reply_json=reply_json(reply.as_message()) if reply is not None else "")
         self._calls.append(_Call(record, branch, thread))
 
     # ------------------------------------------------------------------------------------------ results
@@ -514,6 +520,7 @@ class Session:
         for call in self._calls:
             record = LLMCall(**{**call.record.__dict__})
             record.segment_index = index.get(id(call.branch), -1) if call.branch is not None else -1
+            record.thread = "main" if call.thread is main else f"subagent:{call.thread.order}"
             if call.thread is not main:
                 record.kind = "subagent"
             calls.append(record)

@@ -1,0 +1,64 @@
+"""What each call asked and what it answered, kept as JSON beside the call's token record (`LLMCall.request_json`,
+`LLMCall.reply_json`; the format is described on LLMCall, and `lego.records.expand_requests` reads it back).
+
+A harness replays its whole history on every call, so a request is stored as what it adds to the previous request
+of the same thread (the longest run of leading messages equal to that request's, then the rest): a rollout's
+requests cost their conversation's length once, not once per call. Messages are compared whole (role, text, tool
+calls with their ids, reasoning), not by the session's match keys, which ignore whitespace and ids: the stored
+request is exactly the one the harness sent, as parsed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from lego.proxy.messages import ChatMessage, Conversation
+
+
+def message_dict(message: ChatMessage) -> dict[str, Any]:
+    """A message in OpenAI chat form (what MLflow's trace viewer renders as a chat)."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [{**({"id": call.id} if call.id else {}), "type": "function",
+                              "function": {"name": call.name, "arguments": call.arguments}}
+                             for call in message.tool_calls]
+    if message.reasoning is not None:
+        out["reasoning_content"] = message.reasoning
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def reply_json(message: ChatMessage) -> str:
+    return json.dumps(message_dict(message), ensure_ascii=False)
+
+
+@dataclass
+class _Sent:
+    call_index: int
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]]
+
+
+class RequestLog:
+    """Encodes a session's requests as deltas; one per session, called under the session's lock."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, _Sent] = {}  # thread order -> its latest recorded request
+
+    def encode(self, thread: int, call_index: int, conversation: Conversation) -> str:
+        last = self._last.get(thread)
+        keep = 0
+        if last is not None:
+            for ours, theirs in zip(conversation.messages, last.messages, strict=False):
+                if ours != theirs:
+                    break
+                keep += 1
+        delta: dict[str, Any] = {"base": last.call_index if last is not None else -1, "keep": keep,
+                                 "messages": [message_dict(m) for m in conversation.messages[keep:]]}
+        if last is None or conversation.tools != last.tools:
+            delta["tools"] = conversation.tools
+        self._last[thread] = _Sent(call_index, conversation.messages, conversation.tools)
+        return json.dumps(delta, ensure_ascii=False)
