@@ -71,12 +71,26 @@ def setup(config: ConfigOption = "default", overrides: Overrides = None) -> None
 
 
 @app.command()
-def doctor(config: ConfigOption = "default", overrides: Overrides = None) -> None:
+def doctor(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON (ok, and each check's name, ok, "
+                                                         "required, detail, fix).")] = False,
+) -> None:
     """Check everything a run needs; exit non-zero when something required is missing."""
+    import dataclasses
+
     from lego.doctor import run_checks
 
     cfg, work = _load(config, overrides)
     checks = run_checks(cfg, work)
+    missing = any(not check.ok and check.required for check in checks)
+    if as_json:
+        print(json.dumps({"ok": not missing, "work_dir": str(work.root),
+                          "checks": [dataclasses.asdict(check) for check in checks]}, indent=2))
+        if missing:
+            raise typer.Exit(1)
+        return
     table = Table(title="lego doctor")
     for column in ("check", "status", "detail", "fix"):
         table.add_column(column, overflow="fold")
@@ -84,7 +98,7 @@ def doctor(config: ConfigOption = "default", overrides: Overrides = None) -> Non
         status = "[green]ok[/]" if check.ok else ("[red]MISSING[/]" if check.required else "[yellow]optional[/]")
         table.add_row(check.name, status, escape(check.detail), "" if check.ok else escape(check.fix))
     Console().print(table)
-    if any(not check.ok and check.required for check in checks):
+    if missing:
         raise typer.Exit(1)
 
 
@@ -244,6 +258,36 @@ def status(
         print(format_diagnosis(diagnosis))
     if diagnosis.has_errors:
         raise typer.Exit(1)
+
+
+@app.command()
+def ui(
+    arguments: Annotated[list[str] | None, typer.Argument(
+        metavar="[RUN]... [OVERRIDES]...", show_default=False,
+        help="Run ids to show (default: every run of the work dir), then overrides section.key=value ...")] = None,
+    config: ConfigOption = "default",
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: a free one).", min=0, max=65535)] = 8050,
+    refresh: Annotated[float, typer.Option(help="Seconds between refreshes while a run is live.")] = 5.0,
+    mlflow_ui: Annotated[str | None, typer.Option(
+        help="MLflow UI base URL for links (default: the tracking server, or `lego server`'s on port 5000).")] = None,
+) -> None:
+    """A live dashboard of one run or several on loopback: overview, live rollouts, fidelity, task grid,
+    token-level trajectories, logs, harness comparison. Ctrl-C stops it."""
+    from lego.ui import serve
+
+    # As in `lego status`: a run id never contains '='; the key=value arguments are overrides.
+    runs = [item for item in arguments or [] if "=" not in item]
+    cfg, work = _load(config, [item for item in arguments or [] if "=" in item])
+    server = serve(work, cfg, runs or None, port=port, refresh_s=refresh, mlflow_ui=mlflow_ui)
+    shown = ", ".join(runs) if runs else f"every run in {work.root / 'runs'}"
+    console.print(f"Lego dashboard  {server.url}   ({shown}; Ctrl-C stops it)", soft_wrap=True)
+    print(server.url, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
 
 
 @app.command()

@@ -1,26 +1,33 @@
 """`lego status`: each signature fires on a run crafted to show it, and a healthy run (finished or live) shows none.
 
-Runs are crafted the way the pipeline leaves them: trajectories and outcomes through the real writer, the
-dataset stage's real computation (advantages from the catalog), verify and evaluation metrics from the stages'
-own functions, and a manifest; only the train step's metrics are written by hand (a real step needs a model).
+Runs are crafted the way the pipeline leaves them, by tests/run_builders.py (shared with the dashboard's test).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
+from run_builders import (
+    IM_END,
+    INFRA,
+    MIXED,
+    PAST,
+    TASKS,
+    TOOL_CALL_END,
+    C,
+    Iteration,
+    R,
+    U,
+    craft_run,
+    crafted_config,
+    segment,
+)
 from typer.testing import CliRunner
 
-from lego.config import load_config
-from lego.data.writer import DatasetWriter
-from lego.evaluate.report import summarize_outcomes
-from lego.pipeline.artifacts import StageContext, StageResult
-from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.diagnosis import (
     TOOL_CALL_TOKEN,
     TURN_START_TOKEN,
@@ -29,147 +36,19 @@ from lego.pipeline.diagnosis import (
     format_diagnosis,
     reply_tool_calls,
 )
-from lego.pipeline.manifest import RunManifest, manifest_path, save_manifest
-from lego.pipeline.verify_stage import outcome_metrics
-from lego.records import LLMCall, Outcome, OutcomeKind, Segment, TerminationReason, Trajectory
+from lego.pipeline.manifest import manifest_path
+from lego.records import OutcomeKind
 from lego.workdir import WorkDir
-
-R, U, C, INFRA = OutcomeKind.resolved, OutcomeKind.unresolved, OutcomeKind.cheat, OutcomeKind.infra_error
-MIXED = [R, U, R, U]  # a GRPO group with reward variance
-TASKS = ("task-a", "task-b", "task-c")
-EVAL_TASKS = ("eval-a", "eval-b")
-SAMPLES = 4
-EVAL_SAMPLES = 2
-IM_END, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END = 151645, 151658, 151665, 151666
 
 
 @pytest.fixture()
 def config(tmp_path):
-    return load_config("test", [f"project.work_dir={tmp_path / 'work'}", "pipeline.iterations=2",
-                                f"rollout.samples_per_task={SAMPLES}", f"eval.samples_per_task={EVAL_SAMPLES}",
-                                "eval.every=1", "eval.at_start=false", "warmstart.enabled=false",
-                                "filter.enabled=false", "eval.splits=[eval]"])
+    return crafted_config(tmp_path / "work")
 
 
 @pytest.fixture()
 def work(config) -> WorkDir:
     return WorkDir.create(config.project.work_dir)
-
-
-# ------------------------------------------------------------------------------------------------ crafting
-
-
-def segment(replies: list[bool]) -> Segment:
-    """A conversation as the proxy records it: the first prompt, then per reply its turn header (mask 0), the
-    sampled reply (mask 1: a `<tool_call>` block when it calls a tool) and the tool's response (mask 0)."""
-    tokens: list[int] = []
-    mask: list[int] = []
-
-    def add(ids: list[int], sampled: int) -> None:
-        tokens.extend(ids)
-        mask.extend([sampled] * len(ids))
-
-    add([TURN_START_TOKEN, 8948, 198, 2610, 525, 264, IM_END, 198, TURN_START_TOKEN, 872, 198, 7981, IM_END, 198], 0)
-    for calls in replies:
-        add([TURN_START_TOKEN, 77091, 198], 0)
-        body = [TOOL_CALL_TOKEN, 515, 1, 606, 788, TOOL_CALL_END] if calls else [40, 1513, 13]
-        add([40, 686, 1779, 13, *body, IM_END], 1)
-        add([198, TURN_START_TOKEN, 872, 198, TOOL_RESPONSE, 2016, TOOL_RESPONSE_END, IM_END, 198], 0)
-    ids = np.asarray(tokens, dtype=np.int32)
-    response = np.asarray(mask, dtype=np.uint8)
-    logprobs = np.where(response == 1, -0.25, 0.0).astype(np.float32)
-    return Segment(token_ids=ids, response_mask=response, logprobs=logprobs, routed_experts=None)
-
-
-def trajectory(rollout_id: str, task_id: str, iteration: int, sample: int, calls_tools: bool) -> Trajectory:
-    replies = [calls_tools, calls_tools, False]  # the last reply ends the run without a call in either case
-    calls = [LLMCall(call_index=i, protocol="openai_chat", started_at=1_800_000_000.0 + i, latency_s=0.2,
-                     prompt_tokens=20, completion_tokens=8, finish_reason="stop", segment_index=0,
-                     kind="extend" if i else "start") for i in range(len(replies))]
-    return Trajectory(rollout_id=rollout_id, task_id=task_id, harness="mini-swe-agent", policy_version=iteration,
-                      iteration=iteration, sample_index=sample, segments=[segment(replies)], calls=calls,
-                      termination=TerminationReason.completed)
-
-
-@dataclass
-class Iteration:
-    """What one RL iteration of a crafted run shows; the defaults are a healthy iteration."""
-
-    kinds: dict[str, list[OutcomeKind]] = field(default_factory=lambda: {task: MIXED for task in TASKS})
-    tool_calls: bool = True
-    pearson: float = 0.99998
-    learning_rate: float = 1e-4
-    eval_kinds: list[OutcomeKind] = field(default_factory=lambda: [R, U])  # per eval task, EVAL_SAMPLES each
-    evaluate: bool = True
-
-
-PAST = datetime.now(UTC) - timedelta(hours=1)
-
-
-def _stage(stage: str, iteration: int | None, key: str, work: WorkDir, **fields) -> StageResult:
-    return StageResult(stage=stage, iteration=iteration, key=key, path=str(work.artifacts / stage / key),
-                       created_at=(PAST + timedelta(minutes=1)).isoformat(), **fields)
-
-
-def store_rollouts(work: WorkDir, data_run_id: str, iteration: int, spec: Iteration,
-                   stage: str = "rollout") -> list[Trajectory]:
-    trajectories = [trajectory(f"{data_run_id}-{task}-{sample}", task, iteration, sample, spec.tool_calls)
-                    for task in spec.kinds for sample in range(len(spec.kinds[task]))]
-    DatasetWriter(work, data_run_id).append_trajectories(trajectories, stage=stage)
-    return trajectories
-
-
-def craft_run(work: WorkDir, config, run_id: str, iterations: list[Iteration], *, status: str = "completed",
-              summary: dict | None = None, stages_after: int | None = None,
-              live: Iteration | None = None) -> RunManifest:
-    """A run whose manifest records `iterations`; `stages_after`: keep only the first N stage results (a run
-    still in progress); `live`: the rollouts of the next iteration, stored but not recorded (its rollout stage
-    is in progress)."""
-    ctx = StageContext(config=config, work=work, run_id=run_id, runner=None, log=lambda message: None)
-    manifest = RunManifest(run_id=run_id, created_at=PAST.isoformat(), status=status,
-                           config=config.model_dump(mode="json"), summary=summary or {})
-    manifest.record(_stage("taskset", None, f"{run_id}-tasks", work,
-                           metrics={"train_tasks": len(TASKS), "eval_tasks": len(EVAL_TASKS)}))
-    for index, spec in enumerate(iterations):
-        data_run_id = f"rollout-{run_id}-{index}"
-        rollouts = store_rollouts(work, data_run_id, index, spec)
-        manifest.record(_stage("rollout", index, f"{run_id}-rollout-{index}", work,
-                               metrics={"rollouts": len(rollouts)},
-                               data={"data_run_id": data_run_id, "stage": "rollout", "policy_version": index}))
-        outcomes = [Outcome(t.rollout_id, t.task_id, kind,
-                            cheat_rules=["tests_modified"] if kind == C else [])
-                    for t, kind in zip(rollouts, [k for task in spec.kinds for k in spec.kinds[task]], strict=True)]
-        outcome_stage = f"verify-{run_id[-6:]}{index}"
-        DatasetWriter(work, data_run_id).append_outcomes(outcomes, index, stage=outcome_stage)
-        verify = _stage("verify", index, f"{run_id}-verify-{index}", work, metrics=outcome_metrics(outcomes),
-                        data={"data_run_id": data_run_id, "outcome_stage": outcome_stage})
-        manifest.record(verify)
-        dataset = run_dataset_stage(ctx, verify)  # the real advantages, from the catalog
-        manifest.record(dataset.model_copy(update={"created_at": verify.created_at}))
-        manifest.record(_stage("train", index, f"{run_id}-train-{index}", work, metrics={
-            "trained": 1.0, "optimizer_steps": 2.0, "logprob_pearson": spec.pearson,
-            "learning_rate": spec.learning_rate, "groups": float(dataset.metrics["groups_in_loss"]),
-            "groups_with_signal": dataset.metrics["groups_with_signal"], "loss": 0.1}))
-        if spec.evaluate:
-            eval_run = f"eval-{run_id}-{index}"
-            eval_spec = Iteration(kinds={task: [kind] * EVAL_SAMPLES for task, kind in
-                                         zip(EVAL_TASKS, spec.eval_kinds, strict=True)})
-            evaluated = store_rollouts(work, eval_run, index, eval_spec, stage="evaluate")
-            eval_outcomes = [Outcome(t.rollout_id, t.task_id, eval_spec.kinds[t.task_id][0]) for t in evaluated]
-            DatasetWriter(work, eval_run).append_outcomes(eval_outcomes, index, stage="evaluate-verify")
-            report = summarize_outcomes(eval_outcomes, harness="mini-swe-agent", policy_version=index + 1)
-            manifest.record(_stage("evaluate", index, f"{run_id}-evaluate-{index}", work, metrics=report.metrics(),
-                                   data={"data_run_id": eval_run, "policy_version": index + 1}))
-    if stages_after is not None:
-        manifest.stages = dict(list(manifest.stages.items())[:stages_after])
-    # What the recorded stages wrote was written before they were recorded, as in a real run.
-    written = (PAST + timedelta(seconds=30)).timestamp()
-    for directory in [*work.data.glob("*/*/iter=*"), *work.artifacts.glob("*/*")]:
-        os.utime(directory, (written, written))
-    if live is not None:
-        store_rollouts(work, f"rollout-{run_id}-{len(iterations)}", len(iterations), live)
-    save_manifest(work, manifest)
-    return manifest
 
 
 def signatures(diagnosis) -> set[str]:
