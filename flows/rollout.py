@@ -1,4 +1,5 @@
 from prefect import flow
+from prefect.futures import wait
 
 from flows.task_runner import make_task_runner
 from lego.pipeline.artifacts import StageResult
@@ -15,6 +16,7 @@ def rollout_flow(run_id: str, iteration: int = 0) -> StageResult:
         config_json = run.config.model_dump_json()
         futures = [rollout_shard_task.submit(config_json, str(run.work.root), run_id, plan, part)
                    for part in shard(plan.pending, run.config.pipeline.rollout_shards)]
+        run.follow_rollouts(plan, lambda timeout: not wait(futures, timeout=timeout).not_done)
         for future in futures:
             future.result()
     return rollout_finish_task(run_id, plan)

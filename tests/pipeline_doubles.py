@@ -42,6 +42,12 @@ class DoubleRunner:
             trajectory.metadata["gold"] = gold  # a demonstration of the gold solution: graded resolved
             for segment in trajectory.segments:
                 segment.token_ids[0] = 151644  # a real first token; the rest is noise
+            # what the rollout stage counts of the (two) calls: an odd sample's second call rewrote the history, the
+            # second call of samples 0, 4, 8 ... was a sub-agent's
+            if request.sample_index % 2:
+                trajectory.calls[1].kind = "rewrite"
+            elif request.sample_index % 4 == 0:
+                trajectory.calls[1].kind, trajectory.calls[1].thread = "start", "subagent:1"
             writer.append_trajectories([trajectory], stage=stage)
             _stored += 1
             if kill_after and _stored >= kill_after:

@@ -8,7 +8,9 @@ deployment firing on its schedule; MLflow's runs, params, metrics and artifacts.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -127,6 +129,86 @@ def test_mlflow_holds_runs_params_metrics_artifacts(first_run, overrides):
     assert all(t.info.tags["lego.outcome"] in ("resolved", "unresolved") for t in traces)
 
 
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+TWO_ITERATIONS = ["pipeline.iterations=2", "train.epochs=2", "rollout.samples_per_task=6"]
+
+
+@pytest.fixture(scope="module")
+def two_iterations(prefect_api, overrides):
+    """Two iterations of two optimizer steps each over 12 rollouts an iteration, with the run's log lines (the
+    pipeline logs through its flow run's logger; pytest's stdout is no terminal, so progress comes as lines)."""
+    import flows.pipeline  # noqa: F401  (its first import configures Prefect's logging: handlers added before go)
+
+    handler = _Lines()
+    logger = logging.getLogger("prefect.flow_runs")
+    logger.addHandler(handler)
+    try:
+        summary = run(overrides, TWO_ITERATIONS)
+    finally:
+        logger.removeHandler(handler)
+    return summary, handler.lines
+
+
+def test_mlflow_draws_per_step_curves_across_iterations(two_iterations, overrides):
+    import json
+
+    from lego.config import load_config
+    from lego.pipeline.manifest import load_manifest
+    from lego.track.tracker import Tracker
+
+    summary, _ = two_iterations
+    config = load_config("test", [*overrides, *TWO_ITERATIONS])
+    tracker = Tracker(config, work_of(overrides))
+    parent = tracker.find_run({"lego.run_id": summary["run_id"], "lego.kind": "pipeline"})
+    manifest = load_manifest(work_of(overrides), summary["run_id"])
+    # every optimizer step on one axis: the second iteration's trainer counts on from the first one's checkpoint
+    recorded = [step for iteration in (0, 1) for step in
+                json.loads(Path(manifest.get("train", iteration).outputs["train_metrics"]).read_text())["steps"]]
+    assert [step["step"] for step in recorded] == [1, 2, 3, 4]
+    loss = tracker.client.get_metric_history(parent, "train.loss")
+    assert sorted((m.step, m.value) for m in loss) == [(step["step"], step["loss"]) for step in recorded]
+    for name in ("entropy", "kl_to_inference", "logprob_pearson", "grad_norm", "learning_rate", "clip_fraction"):
+        assert sorted(m.step for m in tracker.client.get_metric_history(parent, f"train.{name}")) == [1, 2, 3, 4]
+    # a train stage's own run has its steps too; its summary stays one value per iteration
+    train_run = tracker.find_run({"lego.run_id": summary["run_id"], "lego.kind": "stage", "lego.stage": "train",
+                                  "lego.iteration": "1"})
+    assert sorted(m.step for m in tracker.client.get_metric_history(train_run, "step.loss")) == [3, 4]
+    assert [m.step for m in tracker.client.get_metric_history(train_run, "loss")] == [1]
+    # the stages' other metrics are per iteration (step = iteration)
+    for name in ("train.groups_with_signal", "rollout.rollouts_per_hour", "rollout.mean_turns",
+                 "verify.outcome.resolved"):
+        assert sorted(m.step for m in tracker.client.get_metric_history(parent, name)) == [0, 1], name
+    rollout = manifest.get("rollout", 1).metrics
+    # the doubles: 2 tasks x 6 samples of 2 calls; the second is a rewrite for samples 1, 3, 5 and a sub-agent's
+    # for samples 0 and 4
+    assert rollout["rollouts"] == 12 == rollout["rollouts_run"] and rollout["llm_calls"] == 24
+    assert (rollout["rewrite_calls"], rollout["subagent_calls"]) == (6, 4)
+    assert rollout["rewrite_share"] == pytest.approx(6 / 24) and rollout["subagent_share"] == pytest.approx(4 / 24)
+    assert rollout["rollouts_per_hour"] > 0
+    verify = manifest.get("verify", 1).metrics
+    assert verify["cheat_rules_fired"] == 0 and verify["outcome.resolved"] == verify["outcome.unresolved"] == 6
+
+
+def test_progress_comes_as_periodic_lines_per_stage(two_iterations):
+    _, lines = two_iterations
+    for iteration in (0, 1):
+        rollout = [line for line in lines if re.match(rf"rollout/{iteration}: \d+/\d+ done", line)]
+        verify = [line for line in lines if re.match(rf"verify/{iteration}: \d+/\d+ graded", line)]
+        assert rollout[-1] == f"rollout/{iteration}: 12/12 done (completed 12)"
+        assert verify[-1] == f"verify/{iteration}: 12/12 graded (resolved 6, unresolved 6)"
+        # a line each tenth at most (12 rollouts: every 2), never one per rollout
+        assert 1 <= len(rollout) <= 6 and 1 <= len(verify) <= 6, (rollout, verify)
+    assert not [line for line in lines if "-> completed" in line]  # the old line per rollout
+
+
 def _subprocess_env(prefect_api: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": f"{TESTS_DIR}:{REPO_ROOT}", **extra}
 
@@ -235,6 +317,17 @@ def test_warm_start_is_the_policy_rl_starts_from(prefect_api, overrides):
     assert after["eval_split"]["attempts"] == 1 and after["train_split_eval"]["attempts"] == 2
     assert start["groups"]["in_loss"] == 2 and "loss" in start["train_step"]
     assert curve["stage_seconds"]["warmstart"] > 0
+    verdict = curve["verdict"]  # the last evaluation of the train split against the one before RL
+    assert verdict["start"] == start["train_split_eval"] and verdict["end"] == after["train_split_eval"]
+    assert verdict["rise"] == after["train_split_eval"]["rate"] - start["train_split_eval"]["rate"]
+    assert verdict["intervals_apart"] == (after["train_split_eval"]["low"] > start["train_split_eval"]["high"])
     assert plot_learning_curve(curve, work.root / "curve.png").stat().st_size > 0
+    # MLflow: the warm start's loss per SFT step, then RL's optimizer steps counting on from them
+    from lego.track.tracker import Tracker
+
+    tracker = Tracker(config, work)
+    parent = tracker.find_run({"lego.run_id": first["run_id"], "lego.kind": "pipeline"})
+    assert sorted(m.step for m in tracker.client.get_metric_history(parent, "warmstart.loss")) == [1, 2, 3]
+    assert [m.step for m in tracker.client.get_metric_history(parent, "train.loss")] == [4]
     again = run(overrides, extra)
     assert "warmstart" in again["served_from_cache"]

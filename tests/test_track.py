@@ -36,3 +36,31 @@ def test_pipeline_and_stage_runs(tmp_path):
     assert tracker.client.get_run(cached).data.tags["lego.ref.eval_report"] == str(small)
     artifact_root = tracker.client.get_experiment(tracker.experiment_id).artifact_location
     assert artifact_root.startswith(work.mlflow_artifacts.as_uri())
+
+
+def test_step_series_go_to_the_stage_run_and_the_pipeline_run(tmp_path):
+    import json
+
+    import pytest
+
+    from lego.track.steps import StepSeriesError, log_stage_steps, stage_steps
+
+    config = load_config("test", [f"project.work_dir={tmp_path / 'w'}"])
+    tracker = Tracker(config, WorkDir.create(config.project.work_dir))
+    parent = tracker.start_pipeline_run("run-steps")
+    stage = tracker.start_stage_run(parent, "run-steps", "warmstart", None)
+    sft = tmp_path / "sft_steps.json"  # the warm start's history: a list without step numbers
+    sft.write_text(json.dumps([{"loss": 2.0, "token_accuracy": 0.1}, {"loss": 1.5, "token_accuracy": float("nan")}]))
+    assert log_stage_steps(tracker, "warmstart", {"sft_steps": str(sft)}, stage_run=stage,
+                           pipeline_run=parent) == {"loss", "token_accuracy"}
+    assert [(m.step, m.value) for m in tracker.client.get_metric_history(parent, "warmstart.loss")] == \
+        [(1, 2.0), (2, 1.5)]
+    assert [m.step for m in tracker.client.get_metric_history(stage, "step.token_accuracy")] == [1]  # NaN left out
+
+    old = tmp_path / "metrics.json"  # a train artifact from before steps were kept
+    old.write_text(json.dumps({"loss": 0.5}))
+    assert stage_steps("train", {"train_metrics": str(old)}) == []
+    assert stage_steps("verify", {"outcomes": str(old)}) == []  # a stage without steps
+    old.write_text('{"steps": [{"step": 3, "loss": ')
+    with pytest.raises(StepSeriesError, match="lego stage train --force"):
+        stage_steps("train", {"train_metrics": str(old)})

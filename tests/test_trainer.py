@@ -105,6 +105,33 @@ def test_a_few_steps_lower_the_loss(tiny_model_path, batch):
     assert trainer.step(batch)["clip_fraction"] > 0  # the policy moved away from the sampling policy
 
 
+def test_each_optimizer_step_keeps_its_own_metrics(tiny_model_path, batch, tmp_path):
+    config = TrainConfig(lr=1e-3, epochs=3, micro_batch_tokens=64, measure_routing_drift=False)
+    trainer = Trainer(tiny_model_path, config)
+    metrics = trainer.step(batch)
+    steps = trainer.history
+    assert [(s.step, s.epoch) for s in steps] == [(1, 0), (2, 1), (3, 2)] and trainer.steps == 3
+    first = steps[0]
+    # the returned metrics are the first epoch's, and each later epoch's loss is its own step's
+    for name in ("loss", "entropy", "kl_to_inference", "logprob_pearson", "grad_norm", "clip_fraction"):
+        assert getattr(first, name) == metrics[name], name
+    assert [s.loss for s in steps[1:]] == [metrics["loss_epoch1"], metrics["loss_epoch2"]]
+    assert all(s.learning_rate == config.lr and s.response_tokens == metrics["response_tokens"] for s in steps)
+    # after the first step the policy is no longer the sampling policy: its log-probs drift from the inference ones
+    assert first.kl_to_inference < 1e-6 < steps[2].kl_to_inference
+    assert steps[2].logprob_pearson < first.logprob_pearson
+    assert set(first.metrics()) == {"epoch", "loss", "entropy", "kl_to_inference", "logprob_pearson", "grad_norm",
+                                    "learning_rate", "clip_fraction", "response_tokens", "step_seconds"}
+
+    # a trainer on the saved policy counts on from its steps
+    out = trainer.save(tmp_path / "policy-1")
+    assert json.loads((out / MARKER).read_text())["train_steps"] == 3
+    follower = Trainer(out, TrainConfig(lr=1e-3, measure_routing_drift=False))
+    follower.step(batch)
+    assert [s.step for s in follower.history] == [4]
+    assert json.loads((follower.save(tmp_path / "policy-2") / MARKER).read_text())["train_steps"] == 4
+
+
 def test_checkpoint_round_trips_into_the_engine(tiny_model_path, batch, tmp_path):
     from lego.engine.transformers_engine import TransformersEngine
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -52,6 +52,27 @@ class StageOutput:
     seconds: float | None = None
 
 
+class StageProgress(Protocol):
+    """How far one long step of a stage is (rollouts stored, rollouts graded), with a count per kind."""
+
+    def advance(self, kind: str) -> None:
+        """One more item is done; `kind`: its termination or outcome kind."""
+
+    def update(self, done: int, counts: Mapping[str, int]) -> None:
+        """The totals so far (for a watcher that counts what is stored rather than being told)."""
+
+    def finish(self) -> None:
+        """The step ended (or failed): report where it stopped."""
+
+
+class ProgressBoard(Protocol):
+    """Where a run shows its stages' progress (lego.pipeline.progress: bars on a terminal, else a periodic line)."""
+
+    def start(self, label: str, total: int, *, done: int = 0, counts: Mapping[str, int] | None = None,
+              verb: str = "done") -> StageProgress:
+        """A step of `total` items, `done` of them (with `counts` by kind) finished before it started."""
+
+
 @dataclass
 class StageContext:
     config: LegoConfig
@@ -60,6 +81,8 @@ class StageContext:
     runner: Any  # a lego.pipeline.runners.StageRunner
     force: bool = False
     log: Callable[[str], None] = print
+    # Set by the pipeline run that shows progress; None (a shard in another process, a bare call): none is shown.
+    progress: ProgressBoard | None = None
 
 
 def artifact_dir(work: WorkDir, stage: str, key: str) -> Path:

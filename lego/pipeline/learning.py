@@ -59,8 +59,9 @@ def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str,
                                       "nonzero_advantages": int(result.metrics.get("nonzero_advantages", 0))}
         elif result.stage == "train":
             point(index)["train_step"] = {name: value for name, value in result.metrics.items()
-                                          if name in ("loss", "entropy", "kl", "pearson", "grad_norm", "sequences",
-                                                      "trained_sequences", "groups_with_signal", "seconds",
+                                          if name in ("loss", "entropy", "kl_to_inference", "logprob_pearson",
+                                                      "grad_norm", "sequences", "sequences_trained",
+                                                      "optimizer_steps", "groups_with_signal", "seconds",
                                                       "clip_fraction", "learning_rate")}
         elif result.stage == "evaluate":
             entry = point(index + 1)
@@ -69,8 +70,9 @@ def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str,
     seconds: dict[str, float] = {}
     for result in manifest.stages.values():
         seconds[result.stage] = round(seconds.get(result.stage, 0.0) + (0.0 if result.cached else result.seconds), 1)
-    return {"run_id": manifest.run_id, "confidence": confidence,
-            "curve": [points[index] for index in sorted(points)], "stage_seconds": seconds}
+    curve = [points[index] for index in sorted(points)]
+    return {"run_id": manifest.run_id, "confidence": confidence, "curve": curve, "verdict": _verdict(curve),
+            "stage_seconds": seconds}
 
 
 def plot_learning_curve(curve: dict[str, Any], path: str | Path) -> Path:
@@ -106,3 +108,17 @@ def plot_learning_curve(curve: dict[str, Any], path: str | Path) -> Path:
     figure.savefig(out, dpi=120)
     plt.close(figure)
     return out
+
+
+def _verdict(curve: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Did RL raise the train-split resolved rate? The last evaluated policy against the one RL started from, both
+    measured the same way (an evaluation of the train split; the RL rollouts in between sample other policies and
+    may differ in protocol): `above_start_interval` when the last rate lies above the start's interval,
+    `intervals_apart` when the two intervals do not overlap."""
+    measured = [entry for entry in curve if entry.get("train_split_eval")]
+    if len(measured) < 2 or measured[0]["policy"] != 0:
+        return None
+    start, end = measured[0]["train_split_eval"], measured[-1]["train_split_eval"]
+    return {"start_policy": 0, "end_policy": measured[-1]["policy"], "start": start, "end": end,
+            "rise": end["rate"] - start["rate"], "above_start_interval": end["rate"] > start["high"],
+            "intervals_apart": end["low"] > start["high"]}

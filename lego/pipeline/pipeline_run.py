@@ -18,6 +18,8 @@ from lego.errors import LegoError
 from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.manifest import RunManifest, load_manifest, new_run_id, save_manifest
 from lego.pipeline.policy import Policy
+from lego.pipeline.progress import RunProgress, StoredRollouts, follow
+from lego.pipeline.rollout_stage import RolloutPlan
 from lego.pipeline.runners import load_runner
 from lego.workdir import WorkDir
 
@@ -51,8 +53,9 @@ class PipelineRun:
                 self.manifest.stages = {label: result.model_copy(update={"cached": True})
                                         for label, result in source.stages.items()}
         self.run_id = self.manifest.run_id
+        self.progress = RunProgress(log)
         self.ctx = StageContext(config=config, work=work, run_id=self.run_id, runner=load_runner(config.pipeline.runner),
-                                force=force, log=log)
+                                force=force, log=log, progress=self.progress)
         self.tracker = None
         if track:
             from lego.track.tracker import Tracker
@@ -101,6 +104,17 @@ class PipelineRun:
             return self.initial_policy()
         return Policy.from_data(self.result("train", iteration - 1).data)
 
+    def follow_rollouts(self, plan: RolloutPlan, wait: Callable[[float], bool]) -> None:
+        """Show the rollout stage's progress while its shards run (in this process or others: counted from what
+        they store) until `wait(timeout)` returns True (every shard is over)."""
+        from lego.data.writer import DatasetWriter
+
+        directory = DatasetWriter(self.work, plan.data_run_id).directory("rollout", plan.iteration)
+        counter = StoredRollouts(directory, [request.rollout_id for request in plan.requests])
+        done, counts = counter.poll()
+        progress = self.progress.start(f"rollout/{plan.iteration}", len(plan.requests), done=done, counts=counts)
+        follow(progress, counter, wait)
+
     # ------------------------------------------------------------------------------------------ outputs
     def record(self, result: StageResult) -> StageResult:
         """Add a stage result to the manifest and MLflow (a nested run; cached outputs are linked, not copied)."""
@@ -134,14 +148,22 @@ class PipelineRun:
         params = {f"input.{k}": v for k, v in flatten({k: v for k, v in result.inputs.items()}).items()}
         tracker.log_params(run, params)
         tracker.log_metrics(run, {**result.metrics, "stage_seconds": result.seconds}, step=result.iteration or 0)
+        # Here, not in the stage (as the traces below): read back from the artifact, so a cached result logs
+        # the same series, and the logging code stays out of the stage's content key.
+        from lego.track.steps import log_stage_steps
+
+        stepwise = log_stage_steps(tracker, result.stage, result.outputs, stage_run=run,
+                                   pipeline_run=self.manifest.mlflow_run_id)
         tracker.log_outputs(run, {name: path for name, path in result.outputs.items()}, copy=not result.cached)
         tracker.end(run)
-        # the parent run gets the per-iteration curve of each stage metric
-        prefixed = {f"{result.stage}.{name}": value for name, value in result.metrics.items()}
+        # The parent run gets the per-iteration curve of each stage metric (step = iteration), except the names
+        # whose per-step curve it got just now (step = optimizer step): one metric name, one axis.
+        prefixed = {f"{result.stage}.{name}": value for name, value in result.metrics.items() if name not in stepwise}
         tracker.log_metrics(self.manifest.mlflow_run_id, prefixed, step=result.iteration or 0)
         return run
 
     def finish(self, status: str = "completed", summary: dict[str, Any] | None = None) -> RunManifest:
+        self.progress.close()
         self.manifest.status = status
         self.manifest.summary = {**(summary or {}), "seconds": round(time.monotonic() - self.started, 1)}
         save_manifest(self.work, self.manifest)

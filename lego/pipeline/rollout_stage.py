@@ -97,6 +97,11 @@ def finish_rollouts(ctx: StageContext, plan: RolloutPlan) -> StageResult:
         output = rollout_output(ctx, directory, plan.data_run_id, STAGE, plan.iteration, plan.requests,
                                 plan.policy)
         output.seconds = time.time() - plan.started_at  # planning, the shards and this summary
+        # Throughput of this computation only: rollouts stored by an earlier, interrupted one took time not counted
+        # here.
+        output.metrics["rollouts_run"] = float(len(plan.pending))
+        if plan.pending and output.seconds > 0:
+            output.metrics["rollouts_per_hour"] = len(plan.pending) * 3600.0 / output.seconds
         return output
 
     result = run_cached(ctx, STAGE, plan.iteration, plan.inputs, compute)
@@ -104,9 +109,18 @@ def finish_rollouts(ctx: StageContext, plan: RolloutPlan) -> StageResult:
     return result
 
 
+# LLM calls by what the proxy made of them (lego.records.LLMCall): a rewrite of the history (a new segment), and a
+# call on a sub-agent's thread (`thread` is "subagent:<n>"; records from before threads were kept say it in `kind`).
+CALL_COUNTS_SQL = (
+    "SELECT count(*) AS calls, count(*) FILTER (WHERE kind = 'rewrite') AS rewrite_calls, "
+    "count(*) FILTER (WHERE starts_with(coalesce(thread, ''), 'subagent') OR kind = 'subagent') AS subagent_calls "
+    "FROM llm_calls WHERE run_id = ? AND stage = ? AND iteration = ? AND list_contains(?, rollout_id)")
+
+
 def rollout_output(ctx: StageContext, directory: Path, data_run_id: str, stage: str, iteration: int,
                    requests: list[RolloutRequest], policy: Policy) -> StageOutput:
-    """Summary of stored rollouts: counts, turns, tokens, terminations (from the rollouts table, no tokens read)."""
+    """Summary of stored rollouts: counts, turns, tokens, terminations, and the shares of LLM calls that rewrote the
+    history or served a sub-agent (from the rollouts and llm_calls tables, no tokens read)."""
     from lego.data.catalog import Catalog
 
     wanted = [request.rollout_id for request in requests]
@@ -114,6 +128,7 @@ def rollout_output(ctx: StageContext, directory: Path, data_run_id: str, stage: 
         rows = catalog.rows(
             "SELECT * FROM rollouts WHERE run_id = ? AND stage = ? AND iteration = ? AND list_contains(?, rollout_id)",
             [data_run_id, stage, iteration, wanted])
+        calls = catalog.rows(CALL_COUNTS_SQL, [data_run_id, stage, iteration, wanted])[0]
     terminations: dict[str, int] = {}
     for row in rows:
         terminations[str(row.get("termination"))] = terminations.get(str(row.get("termination")), 0) + 1
@@ -125,6 +140,11 @@ def rollout_output(ctx: StageContext, directory: Path, data_run_id: str, stage: 
     metrics = {"rollouts": len(rows), "tokens": sum(tokens), "mean_tokens": sum(tokens) / max(len(rows), 1),
                "mean_turns": sum(turns) / max(len(rows), 1)}
     metrics.update({f"termination.{name}": count for name, count in terminations.items()})
+    total_calls = int(calls["calls"] or 0)
+    metrics.update({"llm_calls": total_calls, "rewrite_calls": int(calls["rewrite_calls"] or 0),
+                    "subagent_calls": int(calls["subagent_calls"] or 0),
+                    "rewrite_share": int(calls["rewrite_calls"] or 0) / total_calls if total_calls else 0.0,
+                    "subagent_share": int(calls["subagent_calls"] or 0) / total_calls if total_calls else 0.0})
     data_dir = ctx.work.data / data_run_id / stage / f"iter={iteration}"
     return StageOutput(metrics=metrics, outputs={"rollout_summary": directory / "rollouts.json",
                                                  "trajectories": data_dir},

@@ -46,7 +46,7 @@ class RealRunner:
         engine = make_engine(ctx.config, policy.path)
         try:
             asyncio.run(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
-                                     iteration=iteration, log=ctx.log,
+                                     iteration=iteration,
                                      engine_for=gold_engines(ctx.config, engine) if gold else None))
         finally:
             close = getattr(engine, "close", None)

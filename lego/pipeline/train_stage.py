@@ -1,5 +1,9 @@
 """Stage `train`: one policy update on the iteration's training set (verl losses, R3 replay); the next policy
-version is a checkpoint directory inside the artifact."""
+version is a checkpoint directory inside the artifact.
+
+The artifact's metrics.json holds the stage's metrics and, under `steps`, each optimizer step's own (the trainer's
+`OptimizerStep`, numbered on the policy's cumulative step count), so a cached stage can still be plotted per step;
+the train_steps table gets one row per optimizer step."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from lego.pipeline.dataset_stage import read_advantages
 from lego.pipeline.policy import Policy
 
 STAGE = "train"
+STEPS_KEY = "steps"  # metrics.json: the list of optimizer steps
 
 
 def training_batch(ctx: StageContext, dataset: StageResult):
@@ -43,7 +48,7 @@ def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy) -> 
         batch = training_batch(ctx, dataset)
         if batch is None:
             ctx.log(f"train/{iteration}: no rollout in the loss; the policy stays at version {policy.version}")
-            (directory / "metrics.json").write_text(json.dumps({"trained": False}))
+            (directory / "metrics.json").write_text(json.dumps({"trained": False, STEPS_KEY: []}))
             return StageOutput(metrics={"trained": 0.0, "sequences": 0.0},
                                outputs={"train_metrics": directory / "metrics.json"},
                                data={**policy.as_data(), "trained": False})
@@ -55,19 +60,20 @@ def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy) -> 
             ctx.log(f"train/{iteration}: {int(metrics.get('groups_with_signal', 0))} of "
                     f"{int(metrics.get('groups', 0))} groups had signal; no update, the policy stays at version "
                     f"{policy.version}")
-            (directory / "metrics.json").write_text(json.dumps(metrics, indent=2))
+            (directory / "metrics.json").write_text(json.dumps({**metrics, STEPS_KEY: []}, indent=2))
             return StageOutput(metrics={**metrics, "trained": 0.0, "seconds": time.monotonic() - started},
                                outputs={"train_metrics": directory / "metrics.json"},
                                data={**policy.as_data(), "trained": False})
         checkpoint = trainer.save(directory / "checkpoint")
         duration = time.monotonic() - started
         tokens = int(sum(len(ids) for ids in batch.input_ids))
-        step = codec.TrainStep(step=trainer.steps, policy_version=trainer.policy_version,
-                               loss=float(metrics.get("loss", 0.0)), num_sequences=len(batch), num_tokens=tokens,
-                               duration_s=duration,
-                               metrics={k: float(v) for k, v in metrics.items() if v == v})  # drop NaN
-        DatasetWriter(ctx.work, f"train-{directory.name[:16]}").append_train_steps([step], iteration)
-        (directory / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+        steps = [codec.TrainStep(step=record.step, policy_version=trainer.policy_version, loss=record.loss,
+                                 num_sequences=len(batch), num_tokens=tokens, duration_s=record.step_seconds,
+                                 metrics=record.metrics())
+                 for record in trainer.history]
+        DatasetWriter(ctx.work, f"train-{directory.name[:16]}").append_train_steps(steps, iteration)
+        (directory / "metrics.json").write_text(json.dumps(
+            {**metrics, STEPS_KEY: [record.model_dump() for record in trainer.history]}, indent=2, default=str))
         new_policy = Policy(checkpoint, trainer.policy_version, f"train:{directory.name}")
         return StageOutput(metrics={**metrics, "trained": 1.0, "tokens": tokens, "seconds": duration},
                            outputs={"checkpoint": checkpoint, "train_metrics": directory / "metrics.json"},

@@ -21,11 +21,18 @@ def grading_settings(ctx: StageContext) -> dict:
 
 
 def outcome_metrics(outcomes: list[Outcome]) -> dict[str, float]:
+    """Outcome counts by kind, rates over the graded (infra errors left out), and the cheat rules that fired."""
     counts = {kind.value: 0 for kind in OutcomeKind}
+    rules: dict[str, int] = {}
     for outcome in outcomes:
         counts[outcome.kind.value] += 1
+        for rule in outcome.cheat_rules:
+            rules[rule] = rules.get(rule, 0) + 1
     graded = len(outcomes) - counts["infra_error"]
     metrics = {f"outcome.{kind}": float(count) for kind, count in counts.items()}
+    # each anti-cheat rule that fired, by how many rollouts it fired on (a rollout can fire several)
+    metrics.update({f"cheat_rule.{rule}": float(count) for rule, count in sorted(rules.items())})
+    metrics["cheat_rules_fired"] = float(sum(rules.values()))
     metrics.update({"graded": graded, "outcomes": len(outcomes),
                     "infra_error_rate": counts["infra_error"] / len(outcomes) if outcomes else 0.0})
     if graded:
@@ -50,7 +57,7 @@ def run_verify_stage(ctx: StageContext, rollout: StageResult, task_list: StageRe
         tasks = read_tasks(task_list.outputs.get("kept_tasks") or task_list.outputs["train_tasks"])
         outcome_stage = f"verify-{directory.name[:8]}"
         outcomes = grade_attempts(ctx, tasks, data_run_id=rollout.data["data_run_id"], rollout_stage="rollout",
-                                  outcome_stage=outcome_stage, iteration=iteration)
+                                  outcome_stage=outcome_stage, iteration=iteration, label=f"{STAGE}/{iteration}")
         return StageOutput(metrics=outcome_metrics(outcomes),
                            outputs={"outcomes": write_outcomes(directory / "outcomes.json", outcomes)},
                            data={"data_run_id": rollout.data["data_run_id"], "outcome_stage": outcome_stage})

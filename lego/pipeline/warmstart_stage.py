@@ -35,9 +35,10 @@ def run_warmstart_stage(ctx: StageContext, tasks_result: StageResult, policy: Po
 
         tasks = read_tasks(tasks_result.outputs["train_tasks"])
         data_run_id = f"warmstart-{directory.name[:16]}"
-        run_attempts(ctx, tasks, policy, samples=1, data_run_id=data_run_id, stage=STAGE, iteration=0, gold=True)
+        run_attempts(ctx, tasks, policy, samples=1, data_run_id=data_run_id, stage=STAGE, iteration=0, gold=True,
+                     label=STAGE)
         outcomes = grade_attempts(ctx, tasks, data_run_id=data_run_id, rollout_stage=STAGE,
-                                  outcome_stage=f"{STAGE}-verify", iteration=0)
+                                  outcome_stage=f"{STAGE}-verify", iteration=0, label=f"{STAGE} grading")
         resolved = {o.rollout_id: o for o in outcomes if o.kind == OutcomeKind.resolved}
         ctx.log(f"{STAGE}: {len(resolved)} of {len(outcomes)} gold demonstrations graded resolved")
         if not resolved:

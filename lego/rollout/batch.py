@@ -22,13 +22,13 @@ from lego.tasksets.task import Task
 async def run_rollouts(requests: Sequence[RolloutRequest], tasks: Sequence[Task], config: LegoConfig, work, engine,
                        *, writer: DatasetWriter, stage: str, iteration: int, harness: str | None = None,
                        docker_client: docker.DockerClient | None = None, docker_host: str | None = None,
-                       base_image: str | None = None, progress: bool = True,
-                       log: Callable[[str], None] | None = None,
+                       base_image: str | None = None,
                        engine_for: Callable[[Task], object] | None = None) -> list[Trajectory]:
     """Run `requests` (their tasks among `tasks`) and persist each trajectory with `writer` under (stage,
-    iteration); returns the trajectories in the order they ended. `engine_for`: see RolloutResources."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    iteration); returns the trajectories in the order they ended. `engine_for`: see RolloutResources.
 
+    Nothing is printed per rollout: the pipeline shows each stage's progress from what is stored
+    (lego.pipeline.progress), whichever worker or process stored it."""
     by_id = {task.instance_id: task for task in tasks}
     unknown = sorted({request.task_id for request in requests} - by_id.keys())
     if unknown:
@@ -41,10 +41,6 @@ async def run_rollouts(requests: Sequence[RolloutRequest], tasks: Sequence[Task]
         resources.engine_for = engine_for
         semaphore = asyncio.Semaphore(config.rollout.concurrency)
         lock = asyncio.Lock()
-        bar = Progress(TextColumn(f"{stage} [{adapter.spec.name}] iter {iteration}"), BarColumn(),
-                       MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}"),
-                       disable=not progress)
-        job = bar.add_task(stage, total=len(requests), last="")
 
         async def one(request: RolloutRequest) -> None:
             async with semaphore:
@@ -54,11 +50,6 @@ async def run_rollouts(requests: Sequence[RolloutRequest], tasks: Sequence[Task]
             async with lock:
                 await asyncio.to_thread(writer.append_trajectories, [trajectory], stage)
                 finished.append(trajectory)
-                bar.update(job, advance=1,
-                           last=f"{request.task_id}#{request.sample_index}: {trajectory.termination.value}")
-                if log is not None:
-                    log(f"{stage}: {request.rollout_id} -> {trajectory.termination.value}")
 
-        with bar:
-            await asyncio.gather(*(one(request) for request in requests))
+        await asyncio.gather(*(one(request) for request in requests))
     return finished

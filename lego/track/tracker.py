@@ -7,7 +7,7 @@ Runs carry the tags `lego.run_id` (the pipeline run), `lego.kind` (pipeline | st
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,21 @@ class Tracker:
 
         now = int(time.time() * 1000)
         items = [Metric(_metric_key(key), float(value), now, step) for key, value in metrics.items()
+                 if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(float(value))]
+        for start in range(0, len(items), 500):
+            self.client.log_batch(mlflow_run_id, metrics=items[start:start + 500])
+
+    def log_metric_steps(self, mlflow_run_id: str, steps: Sequence[tuple[int, Mapping[str, float]]]) -> None:
+        """Log a series: each (step, metrics) pair at its own step, in batches (one call per step would be one
+        SQLite write each: a warm start of hundreds of steps)."""
+        import math
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(_metric_key(key), float(value), now, int(step)) for step, metrics in steps
+                 for key, value in metrics.items()
                  if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(float(value))]
         for start in range(0, len(items), 500):
             self.client.log_batch(mlflow_run_id, metrics=items[start:start + 500])

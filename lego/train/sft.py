@@ -67,5 +67,5 @@ def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], setting
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
-    trainer.steps = settings.steps
+    trainer.steps += settings.steps  # the checkpoint's count goes on (Trainer starts from it)
     return trainer.save(out_dir), history

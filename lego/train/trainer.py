@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 
 from lego.config import TrainConfig
 from lego.engine.checkpoint import MARKER, load_model, moe_routers
@@ -38,12 +40,43 @@ SIGNAL_EPSILON = 1e-9
 # for Qwen3's 152k tokens.
 LOGIT_ROWS = 256
 
+# The optimizer's state beside the weights of a policy checkpoint, so that the next train stage continues one
+# optimization (as verl's actor, whose checkpoints carry their optimizer) instead of restarting Adam each
+# iteration: a fresh Adam's first steps move every weight by about the learning rate whatever the size of its
+# gradient (m / sqrt(v) is the gradient's sign), and on a policy that has just memorized its demonstrations,
+# GRPO's small, noisy gradients then move it in directions its signal never asked for. Measured on the learn
+# configuration's warm start (exact reproduction of the first gold reply, 8 samples per task, 4 tasks): one RL
+# iteration with a fresh Adam at lr 1e-3 (4 epochs) took the rate from 0.69 to 0.25.
+OPTIMIZER_STATE = "optimizer.pt"
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
 
 
 class TrainError(LegoError):
     """The batch or the trainer's settings cannot be trained on."""
+
+
+class OptimizerStep(BaseModel):
+    """One optimizer step's metrics, computed on that step's own micro-batches (each epoch is one step)."""
+
+    # The policy's optimizer steps so far, this one included: it goes on from the checkpoint's count (its
+    # lego_model.json `train_steps`), so the steps of successive train stages follow each other on one axis.
+    step: int
+    epoch: int
+    loss: float
+    entropy: float
+    kl_to_inference: float
+    logprob_pearson: float | None  # None when undefined (fewer than 2 tokens, or constant log-probs)
+    grad_norm: float
+    learning_rate: float  # the rate this step was taken with
+    clip_fraction: float
+    response_tokens: int
+    step_seconds: float  # wall time of this step (its forward and backward passes and the update)
+
+    def metrics(self) -> dict[str, float]:
+        """The defined values as floats (what MLflow and the train_steps table take)."""
+        return {name: float(value) for name, value in self.model_dump(exclude={"step"}).items() if value is not None}
 
 
 @dataclass
@@ -228,6 +261,31 @@ def token_logprobs(model, input_ids: torch.Tensor, label_mask: torch.Tensor, rou
     return logprobs, entropy
 
 
+def checkpoint_train_steps(path: Path) -> int:
+    """The optimizer steps that made the checkpoint at `path` (its marker's `train_steps`; 0 for a seeded init)."""
+    marker = Path(path) / MARKER
+    if not marker.is_file():
+        return 0
+    return int(json.loads(marker.read_text()).get("train_steps", 0) or 0)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path) -> bool:
+    """Continue the optimization saved with `checkpoint` (its moments and step counts), at this trainer's own
+    hyperparameters (the state's learning rate and weight decay are the earlier stage's). False: none saved."""
+    path = checkpoint / OPTIMIZER_STATE
+    if not path.is_file():
+        return False
+    hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    except (ValueError, RuntimeError, KeyError) as exc:
+        raise TrainError(f"{path}: the optimizer state does not fit this model ({exc}); delete the file to "
+                         "start a fresh optimizer from these weights, or set train.resume_optimizer: false") from exc
+    for group, saved in zip(optimizer.param_groups, hyper, strict=True):
+        group.update(saved)
+    return True
+
+
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
     if len(a) < 2 or np.std(a) == 0 or np.std(b) == 0:
         return float("nan")
@@ -285,7 +343,12 @@ class Trainer:
         self.policy_loss_fn = get_policy_loss_fn(self.config.policy_loss)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr,
                                            weight_decay=self.config.weight_decay)
-        self.steps = 0
+        self.optimizer_resumed = self.config.resume_optimizer and load_optimizer_state(self.optimizer,
+                                                                                       self.model_path)
+        # Counted on from the checkpoint's own steps: `save` writes the total, so a chain of train stages (and
+        # the warm start before them) numbers its optimizer steps on one increasing axis.
+        self.steps = checkpoint_train_steps(self.model_path)
+        self.history: list[OptimizerStep] = []  # every optimizer step this trainer took, in order
 
     def global_batch_info(self, batch: TrainBatch) -> dict:
         masks = [np.asarray(m) for m in batch.response_mask]
@@ -328,7 +391,8 @@ class Trainer:
 
         Metrics: the loss terms and diagnostics of the first epoch over the trained sequences (`trained_sequences`),
         the signal counts (`signal_counts`), and `optimizer_steps`: 0 when no sequence was left to train (then
-        nothing was computed and the weights are unchanged), else `epochs`.
+        nothing was computed and the weights are unchanged), else `epochs`. Each optimizer step's own metrics
+        (every epoch's) are appended to `history`.
         """
         from verl.trainer.ppo.core_algos import kl_penalty
         from verl.utils.torch_functional import masked_mean
@@ -351,6 +415,7 @@ class Trainer:
         groups = [[trained[j] for j in group] for group in plan]
         metrics: dict[str, float] = {}
         for epoch in range(self.config.epochs):
+            started = time.monotonic()
             self.optimizer.zero_grad(set_to_none=True)
             total_loss, tokens = 0.0, 0
             weighted = {"clipfrac": 0.0, "entropy": 0.0, "kl_to_inference": 0.0}
@@ -382,19 +447,28 @@ class Trainer:
                         drift_tokens += share * counted
                         drift_total += counted
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            learning_rate = float(self.optimizer.param_groups[0]["lr"])
             self.optimizer.step()
             self.steps += 1
+            train_all = np.concatenate(train_lp) if train_lp else np.zeros(0)
+            inference_all = np.concatenate(inference_lp) if inference_lp else np.zeros(0)
+            correlation = pearson(train_all, inference_all)
+            record = OptimizerStep(
+                step=self.steps, epoch=epoch, loss=total_loss, entropy=weighted["entropy"] / max(tokens, 1),
+                kl_to_inference=weighted["kl_to_inference"] / max(tokens, 1),
+                logprob_pearson=None if np.isnan(correlation) else correlation, grad_norm=float(grad_norm),
+                learning_rate=learning_rate, clip_fraction=weighted["clipfrac"] / max(tokens, 1),
+                response_tokens=tokens, step_seconds=time.monotonic() - started)
+            self.history.append(record)
             if epoch == 0:
-                train_all = np.concatenate(train_lp) if train_lp else np.zeros(0)
-                inference_all = np.concatenate(inference_lp) if inference_lp else np.zeros(0)
                 delta = np.abs(train_all - inference_all)
                 metrics = {
                     "loss": total_loss,
-                    "clip_fraction": weighted["clipfrac"] / max(tokens, 1),
-                    "entropy": weighted["entropy"] / max(tokens, 1),
-                    "grad_norm": float(grad_norm),
-                    "kl_to_inference": weighted["kl_to_inference"] / max(tokens, 1),
-                    "logprob_pearson": pearson(train_all, inference_all),
+                    "clip_fraction": record.clip_fraction,
+                    "entropy": record.entropy,
+                    "grad_norm": record.grad_norm,
+                    "kl_to_inference": record.kl_to_inference,
+                    "logprob_pearson": correlation,
                     "logprob_abs_diff_mean": float(delta.mean()) if len(delta) else 0.0,
                     "logprob_abs_diff_max": float(delta.max()) if len(delta) else 0.0,
                     "routing_differs_share": drift_tokens / drift_total if drift_total else float("nan"),
@@ -428,6 +502,8 @@ class Trainer:
         marker.update({"policy_version": self.policy_version + 1, "parent": str(self.model_path),
                        "train_steps": self.steps})
         (partial / MARKER).write_text(json.dumps(marker, indent=2))
+        if self.config.resume_optimizer:
+            torch.save(self.optimizer.state_dict(), partial / OPTIMIZER_STATE)
         partial.rename(out)
         self.policy_version += 1
         self.model_path = out

@@ -1,0 +1,118 @@
+"""lego.pipeline.progress: a stage's progress as periodic lines off a terminal (never one per rollout), as bars on
+one, and the rollout stage's counts read from what its shards store."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+
+import numpy as np
+from rich.console import Console
+
+from lego.data.synthetic import synthetic_trajectory
+from lego.data.writer import DatasetWriter
+from lego.pipeline.progress import RunProgress, StoredRollouts, follow
+from lego.records import TerminationReason
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def board(lines: list[str], clock: Clock | None = None, **kwargs) -> RunProgress:
+    return RunProgress(lines.append, live=False, clock=clock or Clock(), **kwargs)
+
+
+def test_a_line_each_tenth_and_one_at_the_end_never_one_per_item():
+    lines: list[str] = []
+    step = board(lines).start("verify/0", 24, verb="graded")
+    for index in range(24):
+        step.advance("resolved" if index % 3 == 0 else "unresolved")
+    step.finish()
+    # a tenth of 24 rounds up to 3 items a line; the last line falls on the end, so finish adds none
+    assert len(lines) == 8
+    assert lines[0] == "verify/0: 3/24 graded (resolved 1, unresolved 2)"
+    assert lines[-1] == "verify/0: 24/24 graded (resolved 8, unresolved 16)"
+
+
+def test_a_slow_step_reports_after_every_s_and_a_failed_one_where_it_stopped():
+    lines: list[str] = []
+    clock = Clock()
+    step = board(lines, clock, every_s=30.0).start("rollout/1", 100, done=10, counts={"completed": 10})
+    step.advance("completed")
+    assert lines == []  # 11 of 100: not a tenth further, and no time passed
+    clock.now = 31.0
+    step.advance("timeout")
+    assert lines == ["rollout/1: 12/100 done (completed 11, timeout 1)"]
+    clock.now = 100.0
+    step.update(12, {"completed": 11, "timeout": 1})  # nothing new: no line however long it took
+    assert len(lines) == 1
+    step.advance("completed")
+    step.finish()
+    step.finish()
+    assert lines[-1] == "rollout/1: 13/100 done (completed 12, timeout 1)" and len(lines) == 2
+
+
+def test_bars_on_a_terminal_and_the_final_counts_in_the_log():
+    out = io.StringIO()
+    lines: list[str] = []
+    # a handler that writes to the terminal, as Prefect's console handler does
+    handler = logging.StreamHandler(sys.stderr)
+    stream = handler.stream
+    logger = logging.getLogger("lego.test.progress")
+    logger.addHandler(handler)
+    try:
+        progress = RunProgress(lines.append, console=Console(file=out, force_terminal=True, width=120))
+        assert progress.live
+        step = progress.start("rollout/0", 4)
+        for _ in range(4):
+            step.advance("completed")
+        assert lines == []  # on a terminal the bar shows the way, the log gets the end
+        logger.warning("a log line while the bars are live")
+        step.finish()
+        progress.close()
+    finally:
+        logger.removeHandler(handler)
+    assert lines == ["rollout/0: 4/4 done (completed 4)"]
+    assert "rollout/0" in out.getvalue() and "4/4" in out.getvalue()
+    # the log line was printed through rich, above the bars, and the handler writes where it did before
+    assert "a log line while the bars are live" in out.getvalue()
+    assert handler.stream is stream
+
+
+def store(writer: DatasetWriter, ids: list[str], termination: TerminationReason) -> None:
+    for index, rollout_id in enumerate(ids):
+        trajectory = synthetic_trajectory(np.random.default_rng(index), rollout_id, "task-a", sample_index=index,
+                                          tokens_per_segment=16)
+        trajectory.termination = termination
+        writer.append_trajectories([trajectory], stage="rollout")
+
+
+def test_stored_rollouts_are_counted_from_the_files_whoever_wrote_them(tmp_path):
+    writer = DatasetWriter(tmp_path / "data", "rollout-abc")
+    directory = writer.directory("rollout", 0)
+    wanted = [f"r{i}" for i in range(6)]
+    counter = StoredRollouts(directory, wanted)
+    assert counter.poll() == (0, {})  # nothing stored yet (the directory does not even exist)
+    store(writer, ["r0", "r1"], TerminationReason.completed)
+    store(writer, ["other"], TerminationReason.completed)  # not one of this stage's requests
+    assert counter.poll() == (2, {"completed": 2})
+
+    lines: list[str] = []
+    step = board(lines).start("rollout/0", len(wanted), done=2, counts={"completed": 2})
+    batches = iter([(["r2", "r3"], TerminationReason.timeout), (["r4", "r5"], TerminationReason.completed)])
+
+    def wait(timeout: float) -> bool:
+        batch = next(batches, None)
+        if batch is not None:
+            store(writer, *batch)
+        return batch is None
+
+    follow(step, counter, wait, poll_s=0.0)
+    assert lines == ["rollout/0: 4/6 done (completed 2, timeout 2)", "rollout/0: 6/6 done (completed 4, timeout 2)"]
+    assert len(counter.seen) == 7  # each file read once
