@@ -11,6 +11,8 @@
   the failures in `traces_failed`.
 """
 
+# ruff: noqa: F811  (the proxy fixture imported from test_proxy_threads is a parameter here)
+
 from __future__ import annotations
 
 import json
@@ -19,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from proxy_doubles import BackgroundProxy, ScriptedEngine
-from test_proxy_threads import EXPECTED, load
+from test_proxy_threads import EXPECTED, load, proxy, replay  # noqa: F401
 
 from lego.config import SamplingConfig, load_config
 from lego.data.catalog import Catalog
@@ -31,24 +33,6 @@ from lego.records import Outcome, OutcomeKind, RequestRecordError, Trajectory, e
 from lego.track.traces import log_result_traces, rollout_trace_id
 from lego.track.tracker import Tracker
 from lego.workdir import WorkDir
-
-
-@pytest.fixture()
-def proxy(tokenizer):
-    engine = ScriptedEngine(tokenizer)
-    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=512))
-    background.engine = engine
-    yield background
-    background.close()
-
-
-def replay(proxy, calls: list[dict]):
-    session = proxy.open_session()
-    for number, call in enumerate(calls):
-        proxy.engine.script(call["reply"])
-        response = httpx.post(f"{session.base_url}{call['path']}", json=call["body"], timeout=120)
-        assert response.status_code == 200, f"call {number}: {response.text}"
-    return session
 
 
 def sent(call: dict) -> tuple[list[dict], list[dict]]:
