@@ -218,6 +218,10 @@ def _print_run_summary(cfg, work, summary: dict) -> None:
                       "groups had signal" + ("" if metrics.get("trained") else "; no update (the policy keeps its "
                                                                                    "version)"))
     for label, metrics in summary.get("evaluations", {}).items():
+        if metrics.get("coverage_short"):  # no rate: too few of its planned attempts were graded (eval.min_coverage)
+            out.print(f"{label}: coverage short: {int(metrics.get('attempts', 0))} of {int(metrics.get('planned', 0))} "
+                      f"planned attempts graded, infra errors {int(metrics.get('infra_errors', 0))}; no resolved rate")
+            continue
         rate = metrics.get("resolved_rate")
         out.print(f"{label}: resolved {int(metrics.get('resolved', 0))}/{int(metrics.get('attempts', 0))}"
                   + (f" = {rate:.1%}" if rate is not None else "")
@@ -579,9 +583,115 @@ def compare(
     console.print(f"plot: {result['png']}\npage: {result['html']}")
 
 
+@app.command("eval")
+def eval_command(
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    policy: Annotated[str | None, typer.Option(
+        "--policy", help="A checkpoint directory, or a scripted policy: gold (each task's gold patch through the "
+                         "harness's tools) or empty (hands in no change). Default: the configured checkpoint.")] = None,
+    run: Annotated[str | None, typer.Option("--run", help="Evaluate a pipeline run's policy (with --policy-version; "
+                                                         "'latest': the newest run).")] = None,
+    policy_version: Annotated[int | None, typer.Option(
+        "--policy-version", help="With --run: 0 is the policy RL started from, i the one after iteration i-1.")] = None,
+    harness: Annotated[list[str] | None, typer.Option(
+        "--harness", help="A harness to evaluate with; repeat for several (default: harness.name).")] = None,
+    split: Annotated[str | None, typer.Option(help="train | eval | all (default: tasks.eval_split).")] = None,
+    limit: Annotated[int | None, typer.Option(help="The first N tasks of the split (default: eval.limit).",
+                                              min=1)] = None,
+    samples: Annotated[int | None, typer.Option(help="Attempts per task (default: eval.samples_per_task).",
+                                                min=1)] = None,
+    fresh: Annotated[bool, typer.Option(help="Attempt everything anew instead of resuming the attempts stored by "
+                                             "an earlier identical evaluation.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the evaluation as JSON on stdout.")] = False,
+) -> None:
+    """Evaluate a policy on a task set with one or more harnesses, graded by the verifier: resolved rate with its
+    Wilson interval per harness and per repo, infra failures apart. Tracked in MLflow (`lego compare` lists it).
+    Exits 1 when an evaluation graded fewer than eval.min_coverage of its planned attempts."""
+    import contextlib
+
+    from lego.evaluate.run import (
+        EvalError,
+        checkpoint_policy,
+        eval_tasks,
+        harness_config,
+        new_eval_id,
+        run_eval,
+        run_policy,
+        scripted_policy,
+        track_evaluation,
+    )
+    from lego.pipeline.artifacts import StageContext
+    from lego.pipeline.progress import RunProgress
+    from lego.pipeline.runners import load_runner
+    from lego.track.tracker import Tracker
+
+    cfg, work = _load(config, overrides)
+    if run is not None and (policy is not None or policy_version is None):
+        raise EvalError("--run takes --policy-version N and no --policy")
+    if policy_version is not None and run is None:
+        raise EvalError("--policy-version needs --run RUN (the run whose policy it is)")
+    tasks = eval_tasks(cfg, split, limit)
+    harnesses = harness or [cfg.harness.name]
+    for name in harnesses:
+        harness_config(cfg, name)  # an unknown harness fails now, not after the engine and images are up
+    eval_id = new_eval_id()
+    with contextlib.ExitStack() as stack:
+        if cfg.pipeline.runner is None:
+            stack.enter_context(_embedded_setup(cfg, work))
+        if run is not None:
+            chosen = run_policy(work, run, policy_version)
+        elif policy in ("gold", "empty"):
+            chosen = scripted_policy(policy, cfg, work)
+        else:
+            from lego.engine.checkpoint import default_model_path
+
+            chosen = checkpoint_policy(policy or default_model_path(cfg, work))
+        console.print(f"[bold]lego eval[/] {eval_id}: policy {chosen.label} ({chosen.source}) on {len(tasks)} "
+                      f"task(s) with {', '.join(harnesses)}")
+        progress = RunProgress(console.print)
+        ctx = StageContext(config=cfg, work=work, run_id=eval_id, runner=load_runner(cfg.pipeline.runner),
+                           log=console.print, progress=progress)
+        try:
+            evaluation, keys = run_eval(ctx, tasks, chosen, harnesses, samples=samples, fresh=fresh)
+        finally:
+            progress.close()
+    tracker = Tracker(cfg, work)
+    track_evaluation(tracker, eval_id, evaluation, keys, work.root / "reports" / eval_id)
+    table = Table(title=f"{eval_id}: policy {chosen.label}, temperature {evaluation.temperature:g}, "
+                        f"{evaluation.samples_per_task} attempt(s) per task")
+    for column in ("harness", "repo", "resolved", "rate", f"{cfg.eval.confidence:.0%} interval", "coverage",
+                   "infra failures"):
+        table.add_column(column)
+    for name, result in evaluation.harnesses.items():
+        report = result.report
+        if report.covered and report.resolved_rate is not None:
+            rate, interval = f"{report.resolved_rate:.1%}", f"[{report.resolved_low:.1%}, {report.resolved_high:.1%}]"
+        else:
+            rate, interval = ("coverage short", "-") if not report.covered else ("-", "-")
+        table.add_row(name, "(all)", f"{report.resolved}/{report.attempts}", rate, interval,
+                      f"{report.attempts}/{report.planned} = {report.coverage:.0%}",
+                      ", ".join(f"{k} x{v}" for k, v in sorted(report.infra_checks.items())) or "0")
+        for repo, counts in report.per_repo.items():
+            shown = report.covered and counts.resolved_rate is not None
+            table.add_row("", repo, f"{counts.resolved}/{counts.attempts}",
+                          f"{counts.resolved_rate:.1%}" if shown else "-",
+                          f"[{counts.resolved_low:.1%}, {counts.resolved_high:.1%}]" if shown else "-", "",
+                          str(counts.infra_errors))
+    if not as_json:
+        Console().print(table)
+    for name, result in evaluation.harnesses.items():
+        console.print(f"{name}: {escape(result.report.headline())}")
+    console.print(f"MLflow: {tracker.uri} (run {eval_id}); side by side: lego compare --run {eval_id}")
+    if as_json:
+        print(evaluation.model_dump_json(indent=2))
+    if not evaluation.covered:
+        raise typer.Exit(1)
+
+
 @app.command()
 def bench(
-    name: Annotated[str, typer.Argument(help="Benchmark name: sandbox | proxy | dataset | rollout | r3 | learn")],
+    name: Annotated[str, typer.Argument(help="Benchmark name: sandbox | proxy | dataset | rollout | r3 | train | learn")],
     config: ConfigOption = "default",
     overrides: Overrides = None,
 ) -> None:

@@ -20,6 +20,7 @@ MODULES = {
     "rollout": "lego.bench.rollout",
     "r3": "lego.bench.r3",
     "learn": "lego.bench.learn",
+    "train": "lego.bench.train",
 }
 
 
