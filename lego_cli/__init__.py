@@ -361,6 +361,8 @@ def tasks_synth(
     max_candidates: Annotated[int, typer.Option(min=1, help="Mutations to try at most.")] = 60,
     seed: Annotated[int | None, typer.Option(help="Mutation order seed (default: project.seed).")] = None,
     split: str = "train",
+    p2p_sample: Annotated[int | None, typer.Option(
+        min=1, help="Keep a seeded sample of this many PASS_TO_PASS tests (default: every passing test).")] = None,
 ) -> None:
     """Make SWE-style tasks from a Python package by procedural bug injection."""
     from lego.config import load_config
@@ -368,7 +370,8 @@ def tasks_synth(
 
     cfg = load_config(config, overrides or [])
     report = synthesize(package_dir=package, requirement=pypi, out_dir=out, max_tasks=max_tasks,
-                        max_candidates=max_candidates, seed=cfg.project.seed if seed is None else seed, split=split)
+                        max_candidates=max_candidates, seed=cfg.project.seed if seed is None else seed, split=split,
+                        p2p_sample=p2p_sample)
     for task in report.tasks:
         prov = task.provenance
         console.print(f"[green]{task.instance_id}[/] {prov['operator']} in {prov['file']}:{prov['function']} "
@@ -376,6 +379,35 @@ def tasks_synth(
     console.print(f"{len(report.tasks)} task(s) from {report.candidates_tried} mutation(s) tried "
                   f"({report.undetected} undetected, {len(report.rejected)} rejected)")
     print(report.tasks_file)
+
+
+@tasks_app.command("swebench")
+def tasks_swebench(
+    which: Annotated[str, typer.Argument(help="verified | lite")],
+    out: Annotated[Path, typer.Option(help="The JSONL task set to write (then tasks.source=OUT).")],
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="The first N instances.")] = None,
+    instance: Annotated[list[str] | None, typer.Option(help="Only these instance ids (repeatable).")] = None,
+    pull: Annotated[bool, typer.Option(help="Also pull each instance's published evaluation image.")] = True,
+) -> None:
+    """Real SWE-bench (needs the Hugging Face hub and an image registry): the instances as a task set on their
+    published images, graded with their own test specs; instances whose spec is not pytest are listed and left out."""
+    from lego.evaluate.swebench import DATASETS, export_swebench, pull_images
+    from lego.sandbox.daemon import docker_engine
+    from lego.tasksets.load import load_tasks
+
+    if which not in DATASETS:
+        raise typer.BadParameter(f"choose one of {', '.join(DATASETS)}")
+    cfg, work = _load(config, overrides)
+    path, skipped = export_swebench(which, out, limit=limit, instance_ids=instance)
+    for why in skipped.values():
+        console.print(f"[yellow]left out[/] {escape(why)}")
+    tasks = load_tasks(path, split="eval", strict=True).tasks
+    if pull:
+        with docker_engine(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon) as engine:
+            pull_images(engine.client, [task.environment.image for task in tasks if task.environment.image])
+    console.print(f"{len(tasks)} task(s) in {path}; evaluate with: lego eval tasks.source={path} --harness NAME")
 
 
 @tasks_app.command("validate")
@@ -413,7 +445,35 @@ def tasks_validate(
     console.print(f"report: {path}")
     if report.broken:
         console.print(f"[red]{len(report.broken)} broken task(s)[/]: " + ", ".join(t.instance_id for t in report.broken))
+        for task in report.broken:
+            for line in task.advice:
+                console.print(f"  {escape(task.instance_id)}: {escape(line)}")
         raise typer.Exit(1)
+
+
+@tasks_app.command("export")
+def tasks_export(
+    harbor: Annotated[Path, typer.Option("--harbor", help="Write the task set as Harbor task directories here.")],
+    config: ConfigOption = "default",
+    overrides: Overrides = None,
+    split: Annotated[str | None, typer.Option(help="train | eval | all (default: all).")] = None,
+) -> None:
+    """Write the configured task set (tasks.source) as Harbor task directories, hidden tests in tests/ only."""
+    from lego.sandbox.daemon import docker_engine
+    from lego.sandbox.image import ensure_base_image
+    from lego.tasksets.harbor_export import export_harbor
+    from lego.tasksets.load import load_tasks
+
+    cfg, work = _load(config, overrides)
+    loaded = load_tasks(cfg.tasks.source, split or "all", cfg.tasks.strict, cfg.tasks.limit)
+    for error in loaded.errors:
+        console.print(f"[yellow]skipped malformed row[/] {escape(str(error))}")
+    # The exported Dockerfiles build FROM Lego's base image (python3, pytest, git): the engine must have it.
+    with docker_engine(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon) as engine:
+        base = ensure_base_image(engine.client, cfg.docker, console)
+    exported = export_harbor(loaded.tasks, harbor, base, verifier_timeout_s=cfg.verify.timeout_s)
+    console.print(f"{len(exported)} Harbor task dir(s) in {harbor} (environment FROM {base})")
+    print(harbor)
 
 
 @data_app.command("show")

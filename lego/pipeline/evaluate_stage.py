@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lego.data.catalog import Catalog
-from lego.data.codec import EvalResult
-from lego.data.writer import DatasetWriter
-from lego.evaluate.report import summarize_outcomes
+from lego.evaluate.run import EvalPolicy, evaluate_policy
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
-from lego.pipeline.attempts import attempt_and_grade
 from lego.pipeline.policy import Policy
 from lego.pipeline.rollout_stage import rollout_settings
+from lego.pipeline.taskset_stage import read_tasks
 from lego.pipeline.verify_stage import grading_settings, write_outcomes
 
 STAGE = "evaluate"
@@ -49,15 +46,10 @@ def run_evaluate_stage(ctx: StageContext, tasks_result: StageResult, policy: Pol
 
 def _evaluate_split(ctx: StageContext, tasks_result: StageResult, policy: Policy, split: str, data_run_id: str,
                     iteration: int):
-    _, outcomes = attempt_and_grade(ctx, tasks_result, SPLIT_TASKS[split], policy, data_run_id=data_run_id,
-                                    stage=STAGE, samples=ctx.config.eval.samples_per_task, iteration=iteration)
-    with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
-        rows = catalog.rows("SELECT rollout_id, num_turns, num_tokens FROM rollouts WHERE run_id = ? AND "
-                            "stage = ? AND iteration = ?", [data_run_id, STAGE, iteration])
-    stats = {row["rollout_id"]: (int(row["num_turns"] or 0), int(row["num_tokens"] or 0)) for row in rows}
-    report = summarize_outcomes(outcomes, stats, harness=ctx.config.harness.name,
-                                policy_version=policy.version, confidence=ctx.config.eval.confidence)
-    DatasetWriter(ctx.work, data_run_id).append_eval_results(
-        [EvalResult(o.task_id, ctx.config.harness.name, policy.version, o.kind, o.rollout_id) for o in outcomes],
-        iteration)
-    return report, outcomes
+    """`lego eval`'s code (lego.evaluate.run) with the pipeline's harness, on one split of its task list."""
+    harness = ctx.config.harness.name
+    evaluation = evaluate_policy(ctx, read_tasks(tasks_result.outputs[SPLIT_TASKS[split]]), EvalPolicy.of(policy),
+                                 data_run_ids={harness: data_run_id}, stage=STAGE, iteration=iteration,
+                                 label=lambda _: f"{STAGE}/{iteration} {split}")
+    result = evaluation.harnesses[harness]
+    return result.report, result.outcomes

@@ -34,7 +34,14 @@ def training_batch(ctx: StageContext, dataset: StageResult):
     with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
         samples = list(iter_training_samples(catalog, dataset.data["data_run_id"], dataset.iteration or 0,
                                              advantages=advantages))
-    return TrainBatch(**training_batch_fields(samples)) if samples else None
+    if not samples:
+        return None
+    fields = training_batch_fields(samples)
+    if ctx.config.train.credit == "forks":
+        from lego.train.credit import place_credit_at_forks
+
+        fields["advantages"] = place_credit_at_forks(samples)
+    return TrainBatch(**fields)
 
 
 def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy) -> StageResult:

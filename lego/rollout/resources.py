@@ -57,6 +57,13 @@ async def rollout_resources(config: LegoConfig, work, engine, *, harness: str | 
         proxy = ProxyServer(engine, tokenizer or load_tokenizer(), config.sampling, unix_socket=False)
         await proxy.start()
         stack.push_async_callback(proxy.stop)
-        factory = DockerSandboxFactory(docker_client, config.sandbox, base_image=base_image)
+        if config.sandbox.backend == "harbor":
+            from lego.sandbox.harbor_backend import HarborSandboxFactory
+
+            factory = HarborSandboxFactory(docker_client, config.sandbox, base_image=base_image,
+                                           work_root=Path(work.root), docker_host=docker_host)
+        else:
+            factory = DockerSandboxFactory(docker_client, config.sandbox, base_image=base_image,
+                                           proxy_channel=config.docker.proxy_channel)
         yield adapter, RolloutResources(proxy=proxy, factory=factory, docker_host=docker_host, install_dir=install,
                                         artifacts_dir=Path(work.artifacts) / "transcripts")

@@ -142,6 +142,10 @@ class DockerSandbox:
         self.workdir = workdir
         self.config = config
         self.closed = False
+        # Set by the factory when the proxy session is reached through a tunnel (lego.sandbox.tunnel) instead of a
+        # bind-mounted socket: the session socket's directory on this (the worker's) machine.
+        self.tunnel_socket_dir: Path | None = None
+        self.tunnel = None
         _OPEN.add(self)
 
     @property
@@ -388,11 +392,20 @@ base64 -w0 "$S/patch"
         connect alone would pass with no proxy, or a closed session, behind the relay)."""
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", socket_name) or not re.fullmatch(r"[A-Za-z0-9_-]+", session_id):
             raise SandboxError(f"bad proxy socket name {socket_name!r} or session id for the relay in {self.name}")
-        command = (f"export {KEEP_ENV}; nohup socat TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr "
-                   f"UNIX-CONNECT:{PROXY_MOUNT}/{socket_name} >{RELAY_LOG} 2>&1 &")
-        started = self.exec(command, timeout=10, workdir="/", user=KEEPER_USER)
-        if started.exit_code != 0:
-            raise SandboxError(f"starting the proxy relay in {self.name} failed: {tail(started.output)}")
+        if self.tunnel_socket_dir is not None:
+            from lego.sandbox.tunnel import ProxyTunnel
+
+            if self.tunnel is not None:
+                raise SandboxError(f"{self.name} already has a proxy tunnel; a sandbox serves one session")
+            key, _, value = KEEP_ENV.partition("=")
+            self.tunnel = ProxyTunnel(self.client.api, self.container.id, self.tunnel_socket_dir / socket_name, port,
+                                      user=KEEPER_USER, environment={key: value}, name=self.name)
+        else:
+            command = (f"export {KEEP_ENV}; nohup socat TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr "
+                       f"UNIX-CONNECT:{PROXY_MOUNT}/{socket_name} >{RELAY_LOG} 2>&1 &")
+            started = self.exec(command, timeout=10, workdir="/", user=KEEPER_USER)
+            if started.exit_code != 0:
+                raise SandboxError(f"starting the proxy relay in {self.name} failed: {tail(started.output)}")
         deadline = time.monotonic() + wait_s
         while True:
             status, answer = self.relay_status(port, session_id)
@@ -401,8 +414,10 @@ base64 -w0 "$S/patch"
             if status or time.monotonic() > deadline:  # an answer other than 200 will not change by waiting
                 break
             time.sleep(0.1)
-        log = self.exec(f"cat {RELAY_LOG}", timeout=5, workdir="/", user=KEEPER_USER).output
-        log = tail(log)
+        if self.tunnel is not None:
+            log = "the tunnel's exec stream is " + ("open" if self.tunnel.is_alive() else "closed")
+        else:
+            log = tail(self.exec(f"cat {RELAY_LOG}", timeout=5, workdir="/", user=KEEPER_USER).output)
         raise SandboxError(f"the proxy relay in {self.name} does not reach the proxy session: GET "
                            f"/s/<session>/v1/models through 127.0.0.1:{port} answered "
                            f"{tail(answer) or 'nothing'!r}; relay log: {log!r}")
@@ -423,12 +438,30 @@ base64 -w0 "$S/patch"
             return
         self.closed = True
         _OPEN.discard(self)
+        if self.tunnel is not None:
+            self.tunnel.close()
         try:
             self.container.remove(force=True)
         except NotFound:
             pass
         except (APIError, DockerException):
             pass  # reaped at the next start
+
+
+def engine_is_local(client: docker.DockerClient) -> bool:
+    """Whether the engine is reached over a unix socket, so it mounts paths from this machine's file system. A TCP or
+    SSH engine may be anywhere (even a TCP one on loopback may be a dockerd in a container): never assumed local."""
+    return str(getattr(client.api, "base_url", "")) == "http+docker://localhost"
+
+
+def resolve_proxy_channel(channel: str, client: docker.DockerClient) -> str:
+    """"mount" (the session socket's directory bind-mounted, then socat) or "tunnel" (over the exec stream); "auto"
+    picks mount for an engine on a local unix socket and the tunnel otherwise."""
+    if channel == "auto":
+        return "mount" if engine_is_local(client) else "tunnel"
+    if channel not in ("mount", "tunnel"):
+        raise SandboxError(f"unknown proxy channel {channel!r}; set docker.proxy_channel to auto, mount or tunnel")
+    return channel
 
 
 class DockerSandboxFactory:
@@ -438,10 +471,11 @@ class DockerSandboxFactory:
     proxy_socket_uid = KEEPER_UID  # the relay runs as the keeper: the agent cannot connect to the socket itself
 
     def __init__(self, client: docker.DockerClient, config: SandboxConfig, reap: bool = True,
-                 base_image: str | None = None):
+                 base_image: str | None = None, proxy_channel: str = "auto"):
         self.client = client
         self.config = config
         self.base_image = base_image
+        self.proxy_channel = resolve_proxy_channel(proxy_channel, client)
         _install_signal_handlers()
         if reap:
             reap_stale_containers(client)
@@ -466,7 +500,7 @@ class DockerSandboxFactory:
         agent can connect through the relay but neither replace the socket nor write to the host there."""
         cfg = self.config
         volumes = {host: {"bind": target, "mode": "ro"} for host, target in (mounts or {}).items()}
-        if proxy_socket_dir is not None:
+        if proxy_socket_dir is not None and self.proxy_channel == "mount":
             volumes[str(proxy_socket_dir)] = {"bind": PROXY_MOUNT, "mode": "ro"}
         all_labels = {LABEL: "1", "lego.owner_pid": str(os.getpid()), "lego.host": socket.gethostname(),
                       "lego.purpose": purpose, **(labels or {})}
@@ -492,6 +526,8 @@ class DockerSandboxFactory:
         except (APIError, DockerException) as exc:
             raise SandboxError(f"starting a sandbox from {image} failed: {exc}") from exc
         sandbox = DockerSandbox(self.client, container, workdir, cfg)
+        if proxy_socket_dir is not None and self.proxy_channel == "tunnel":
+            sandbox.tunnel_socket_dir = Path(proxy_socket_dir)
         try:
             # As the agent: the copy is the agent's (a non-root cp keeps modes and times, not the root owner).
             copied = sandbox.exec(f"cp -a {SNAPSHOT}/. {shlex.quote(workdir)}/", timeout=300, workdir="/")

@@ -21,6 +21,7 @@ from docker.errors import APIError, DockerException, ImageNotFound
 from lego.cache import content_hash, sha256_file
 from lego.errors import ImageBuildError, LegoError, tail
 from lego.sandbox import SNAPSHOT
+from lego.sandbox.env_image import ensure_env_image, env_image_tag
 from lego.tasksets.task import Task
 
 TASK_REPOSITORY = "lego-task"
@@ -47,14 +48,19 @@ class UnresolvedTaskPath(LegoError):
 
 def task_image_tag(task: Task, base_image: str) -> str:
     env = task.environment
+    if env.requires is not None and not env.requires.empty and env.kind == "bundle":
+        # Built on the environment image: tasks that share a spec share it, and this key follows it.
+        base_image = env_image_tag(env.requires, base_image)
     if env.kind == "bundle":
         # Keyed on the bundle's bytes, not on where this checkout keeps it: the same task set at another
         # path (another machine, another work tree) finds the images already built.
-        parts = [env.model_dump_json(exclude={"bundle"}), sha256_file(_bundle_path(task))]
+        parts = [env.model_dump_json(exclude={"bundle", "requires"}), sha256_file(_bundle_path(task))]
     else:
         if env.kind == "dockerfile" and env.dockerfile_dir:
             _absolute(task, "dockerfile_dir", env.dockerfile_dir)
-        parts = [env.model_dump_json()]
+        parts = [env.model_dump_json(exclude={"requires"})]
+    if env.requires is not None and not env.requires.empty:
+        parts.append(env.requires.key())
     key = content_hash(BUILD_VERSION, base_image, *parts, task.base_commit, SANITIZE, length=16)
     return f"{TASK_REPOSITORY}:{key}"
 
@@ -92,6 +98,11 @@ def _tar_single(name: str, data: bytes) -> bytes:
 
 def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str) -> str:
     """The task's image tag; built when missing."""
+    from lego.sandbox.harbor_image import harbor_sandbox_task
+
+    # A Harbor task's environment is a Dockerfile whose working dir is no git repository: served from the layer
+    # that commits it at base_commit (any other task comes back unchanged).
+    task = harbor_sandbox_task(client, task)
     tag = task_image_tag(task, base_image)
     try:
         client.images.get(tag)
@@ -110,6 +121,11 @@ def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str) 
             raise ImageBuildError(f"task {task.instance_id}: building {env.dockerfile_dir} failed: {exc}") from exc
     if not source_image:
         raise ImageBuildError(f"task {task.instance_id}: environment.kind=image needs environment.image")
+    if env.requires is not None and not env.requires.empty:
+        try:
+            source_image = ensure_env_image(client, env.requires, source_image)
+        except ImageBuildError as exc:
+            raise ImageBuildError(f"task {task.instance_id}: its environment.requires: {exc}") from exc
     try:
         container = client.containers.create(source_image, ["sleep", "infinity"], network_mode="none",
                                               labels={"lego.sandbox": "build", "lego.owner_pid": str(os.getpid()),

@@ -5,8 +5,8 @@ reported with its row number, the field and pydantic's reason, and the other row
 `strict=True` any malformed row raises a `TaskSetError` that lists them all.
 
 A row without a FAIL_TO_PASS test is malformed: nothing would grade it (zero tests count as a full pass, so an
-empty patch resolves it). Harbor task directories are refused for the same reason until their tests/test.sh
-is run by the verifier: they carry no FAIL_TO_PASS lists.
+empty patch resolves it). Harbor task directories carry no FAIL_TO_PASS lists: they are graded by running their
+tests/test.sh and reading the reward it writes (lego/verify/harbor_grader.py), a recipe kept in provenance["harbor"].
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 from pydantic import ValidationError
 
 from lego.errors import LegoError
+from lego.tasksets.environment import load_environments_file, with_requirements
 from lego.tasksets.task import NO_FAIL_TO_PASS_WHY, NoFailToPass, Task
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
@@ -166,9 +167,11 @@ def is_harbor_task_dir(path: Path) -> bool:
 def harbor_task_row(task_dir: Path) -> dict[str, Any] | RowError:
     """Map one Harbor task directory onto the Task fields (errors carry row 0: the caller numbers them).
 
-    Harbor grades by running tests/test.sh, which writes a reward to /logs/verifier/reward.txt; there
-    are no FAIL_TO_PASS lists, so the grading recipe travels in provenance["harbor"]. The verifier does not
-    run that recipe yet, so `validate_rows` refuses the row (no FAIL_TO_PASS test).
+    Harbor grades by running tests/test.sh, which writes a reward to /logs/verifier/reward.txt (or
+    reward.json); there are no FAIL_TO_PASS lists, so the grading recipe travels in provenance["harbor"] and
+    lego/verify/harbor_grader.py runs it. A task exported by Lego (lego/tasksets/harbor_export.py) names its hidden
+    test patch in `metadata.lego_test_patch` (a file in tests/): it becomes the task's test_patch, so the
+    grader's cheat screening knows the hidden test files as it does for SWE-bench-format tasks.
     """
     for required in ("instruction.md", "task.toml", "environment/Dockerfile", "tests/test.sh"):
         if not (task_dir / required).is_file():
@@ -180,6 +183,13 @@ def harbor_task_row(task_dir: Path) -> dict[str, Any] | RowError:
     metadata = config.get("metadata", {}) or {}
     env_dir = task_dir / "environment"
     solution = task_dir / "solution" / "solve.sh"
+    test_patch = ""
+    if metadata.get("lego_test_patch"):
+        named = (task_dir / "tests" / str(metadata["lego_test_patch"])).resolve()
+        if not named.is_file() or not named.is_relative_to((task_dir / "tests").resolve()):
+            return RowError(0, "metadata.lego_test_patch", f"{metadata['lego_test_patch']!r} is not a file in "
+                            f"{task_dir / 'tests'}; put the test patch there or remove the key from task.toml")
+        test_patch = named.read_text(encoding="utf-8")
     return {
         "instance_id": str(metadata.get("id") or task_dir.name),
         "repo": str(metadata.get("repo") or f"harbor/{task_dir.resolve().parent.name}"),
@@ -195,6 +205,7 @@ def harbor_task_row(task_dir: Path) -> dict[str, Any] | RowError:
             "workdir": _dockerfile_workdir(env_dir / "Dockerfile"),
         },
         "test_command": "bash /tests/test.sh",
+        "test_patch": test_patch,
         "provenance": {
             "source": "harbor",
             "harbor": {
@@ -269,9 +280,9 @@ def _no_fail_to_pass(row: dict[str, Any], where: str | None) -> str:
     provenance = row.get("provenance") if isinstance(row.get("provenance"), dict) else {}
     if provenance.get("source") == "harbor":
         task_dir = (provenance.get("harbor") or {}).get("task_dir") or where
-        return (f"Harbor task {name!r} ({task_dir}) is refused: Lego does not run Harbor's tests/test.sh grading "
-                f"yet, and the task has no FAIL_TO_PASS test, so {NO_FAIL_TO_PASS_WHY}. Convert it to a "
-                "SWE-bench-format row with FAIL_TO_PASS tests, or leave it out of the task set")
+        return (f"Harbor task {name!r} ({task_dir}) is refused: its grading recipe names no tests directory "
+                f"(provenance.harbor.tests_dir) and it has no FAIL_TO_PASS test, so {NO_FAIL_TO_PASS_WHY}. Load it "
+                "from its Harbor task directory (which has tests/test.sh), or leave it out of the task set")
     return (f"task {name!r}" + (f" in {where}" if where else "") + f" has no FAIL_TO_PASS test: "
             f"{NO_FAIL_TO_PASS_WHY}. List the tests that fail at base_commit and pass with the gold patch in "
             "FAIL_TO_PASS, or remove the row")
@@ -283,6 +294,7 @@ def validate_rows(rows: Iterable[tuple[int, Any]], base_dir: Path | None = None,
     tasks: list[Task] = []
     errors: list[RowError] = []
     seen: dict[str, int] = {}
+    environments = load_environments_file(base_dir)  # the task set's specs by repo and version
     for number, row in rows:
         if isinstance(row, RowError):
             errors.append(row)
@@ -291,7 +303,7 @@ def validate_rows(rows: Iterable[tuple[int, Any]], base_dir: Path | None = None,
             errors.append(RowError(number, "<row>", f"expected an object, got {type(row).__name__}"))
             continue
         try:
-            task = Task.model_validate(row := _resolve_paths(row, base_dir))
+            task = Task.model_validate(row := with_requirements(_resolve_paths(row, base_dir), environments))
         except ValidationError as exc:
             errors.extend(
                 RowError(number, "FAIL_TO_PASS", _no_fail_to_pass(row, where))

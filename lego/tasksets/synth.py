@@ -2,7 +2,9 @@
 
 For a package (a local directory, or an sdist from PyPI) with a pytest suite:
   1. copy its source into a git repo and commit it (the pristine commit);
-  2. run the suite: the tests that pass are the baseline;
+  2. read what the suite needs installed (its runtime and test dependencies, lego/tasksets/testdeps.py), pin
+     them, and run the suite in a host venv with exactly those and the sandbox's pytest: the tests that pass
+     are the baseline, and the pinned requirements become each task's `environment.requires`;
   3. for candidate mutations of function bodies (see mutate.py), in seeded random order: apply one,
      run the suite, and keep it when at least one baseline test now fails (a mutation no test notices
      is not a task);
@@ -10,6 +12,8 @@ For a package (a local directory, or an sdist from PyPI) with a pytest suite:
      task's base_commit, and the gold patch is the reverse diff;
   5. check every task from the bundle: at base_commit FAIL_TO_PASS fail, with the gold patch
      FAIL_TO_PASS and PASS_TO_PASS pass. Tasks that do not check out are dropped.
+PASS_TO_PASS is every baseline test that still passes with the mutation (the whole suite, as SWE-bench's is);
+a sample only when `p2p_sample` asks for one, recorded in the task's provenance.
 Outputs: <out>/tasks.jsonl and <out>/repos/<package>.bundle.
 
 Tests run through a `TestRunner` (`run_tests(repo_dir, test_ids) -> {test_id: status}`), locally
@@ -30,16 +34,24 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lego.cache import cache_dir
 from lego.errors import LegoError, tail
+from lego.tasksets.environment import EnvironmentSpec
 from lego.tasksets.gitutil import apply_patch, bundle, clone, commit_all, diff, git, init_repo
 from lego.tasksets.mutate import Mutation, find_mutations, shuffled
+from lego.tasksets.packages import PackageFetchError, pin, test_python
 from lego.tasksets.task import Task
+from lego.tasksets.testdeps import read_test_dependencies
 from lego.tasksets.testrun import PASSED, TestRunner, parse_pytest_summary, run_pytest, run_tests
 
 PRISTINE_DATE = "2024-01-01T00:00:00+00:00"
 MUTATION_DATE = "2024-01-02T00:00:00+00:00"
 _SKIP_DIRS = {".git", "__pycache__", ".tox", ".nox", ".venv", "venv", "build", "dist", ".eggs",
               ".pytest_cache", ".mypy_cache", "docs", "doc", "examples", "benchmarks"}
+
+
+# Another project's code copied in: a bug planted there is not a bug of this package.
+_VENDORED = {"_vendor", "vendor", "_vendored", "vendored", "third_party", "_third_party", "externals"}
 
 
 class SynthError(LegoError):
@@ -62,12 +74,23 @@ class SynthReport:
 
 
 def download_sdist(requirement: str, dest: Path) -> Path:
-    """`pip download --no-deps --no-binary :all: NAME==VER` and unpack; return the source root."""
+    """`pip download --no-deps --no-binary :all: NAME==VER` and unpack; return the source root.
+
+    A pinned requirement's sdist is kept in the download cache: a release's sdist does not change."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(dest), requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SynthError(f"pip could not download an sdist of {requirement!r}: {tail(proc.stderr.strip())}")
+    cached = cache_dir("sdists", _safe(requirement)) if "==" in requirement else None
+    if cached is not None and any(cached.iterdir()):
+        for archive in cached.iterdir():
+            shutil.copy2(archive, dest / archive.name)
+    else:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(dest),
+               requirement]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SynthError(f"pip could not download an sdist of {requirement!r}: {tail(proc.stderr.strip())}")
+        if cached is not None:
+            for archive in dest.iterdir():
+                shutil.copy2(archive, cached / archive.name)
     archives = [p for p in dest.iterdir() if p.name.endswith((".tar.gz", ".tgz", ".zip", ".tar.bz2"))]
     if not archives:
         raise SynthError(f"pip downloaded no sdist archive for {requirement!r} into {dest}")
@@ -112,7 +135,8 @@ def candidate_files(repo: Path) -> list[Path]:
     files = []
     for path in sorted(repo.rglob("*.py")):
         rel = path.relative_to(repo)
-        if rel.parts[0] == ".git" or _is_test_file(rel) or rel.name in ("setup.py", "noxfile.py", "conftest.py"):
+        if rel.parts[0] == ".git" or _is_test_file(rel) or rel.name in ("setup.py", "noxfile.py", "conftest.py") \
+                or _VENDORED.intersection(rel.parts[:-1]):
             continue
         files.append(rel)
     return files
@@ -153,12 +177,24 @@ def problem_statement(package: str, failing: list[str], messages: dict[str, str]
 # ---------------------------------------------------------------- synthesis
 
 
-def _statuses(runner: TestRunner, repo: Path) -> tuple[dict[str, str], str]:
-    """Run the whole suite; with the default runner keep the log for assertion messages."""
-    if runner is run_tests:
-        _, log = run_pytest(repo)
+def _statuses(runner: TestRunner, repo: Path, python: str | None = None) -> tuple[dict[str, str], str]:
+    """Run the whole suite; with the default runner (in the venv `python`) keep the log for assertion messages."""
+    if runner is run_tests or python is not None:
+        _, log = run_pytest(repo, python=python)
         return parse_pytest_summary(log), log
     return runner(repo, None), ""
+
+
+def _environment_of(root: Path, package: str) -> tuple[EnvironmentSpec, dict]:
+    """The pinned environment the package's suite needs, and where its requirements were read (provenance)."""
+    declared = read_test_dependencies(root, package)
+    try:
+        pinned = pin(declared.requirements)
+    except PackageFetchError as exc:
+        raise SynthError(f"{package}'s test dependencies ({', '.join(declared.requirements)}) could not be "
+                         f"fetched: {exc}") from exc
+    spec = EnvironmentSpec(python=pinned, source=f"synth: {package}'s test dependencies")
+    return spec, {"declared": declared.requirements, "read_from": declared.sources, "dropped": declared.dropped}
 
 
 def synthesize(
@@ -168,12 +204,15 @@ def synthesize(
     max_tasks: int = 5,
     max_candidates: int = 60,
     seed: int = 0,
-    p2p_sample: int = 50,
+    p2p_sample: int | None = None,
     split: str = "train",
     runner: TestRunner = run_tests,
     one_per_function: bool = True,
 ) -> SynthReport:
-    """Make up to `max_tasks` tasks; see the module docstring. Give `package_dir` or `requirement`."""
+    """Make up to `max_tasks` tasks; see the module docstring. Give `package_dir` or `requirement`.
+
+    With the default runner the suite runs in a host venv holding the package's own test dependencies; another
+    runner runs it wherever it likes, and the tasks still declare those dependencies."""
     if (package_dir is None) == (requirement is None):
         raise SynthError("give exactly one of a package directory or a PyPI requirement NAME==VERSION")
     with tempfile.TemporaryDirectory(prefix="lego-synth-") as tmp:
@@ -186,8 +225,19 @@ def synthesize(
         init_repo(repo)
         _copy_source(root, repo)
         pristine = commit_all(repo, f"{package} {version}: pristine source", PRISTINE_DATE)
+        spec, dependencies = _environment_of(root, package)
+        python = None
+        if runner is run_tests:
+            try:
+                python = str(test_python(spec.python))
+            except PackageFetchError as exc:
+                raise SynthError(str(exc)) from exc
+            venv_python = python
 
-        baseline, _ = _statuses(runner, repo)
+            def runner(repo_dir: Path, test_ids: list[str] | None = None) -> dict[str, str]:
+                return run_tests(repo_dir, test_ids, python=venv_python)
+
+        baseline, _ = _statuses(runner, repo, python)
         # A parametrized id with a space is cut at the space by the -rA parsers (ours and swebench's):
         # such ids can collide, so they are never used as FAIL_TO_PASS or PASS_TO_PASS.
         passing = sorted(t for t, s in baseline.items() if s == PASSED and ("[" not in t or t.endswith("]")))
@@ -216,7 +266,7 @@ def synthesize(
             pristine_bytes = path.read_bytes()
             path.write_bytes(mutation.apply(pristine_bytes))
             try:
-                mutated, log = _statuses(runner, repo)
+                mutated, log = _statuses(runner, repo, python)
             finally:
                 path.write_bytes(pristine_bytes)
             if len(mutated) < len(passing) / 2:
@@ -227,7 +277,7 @@ def synthesize(
                 report.undetected += 1
                 continue
             still = [t for t in passing if mutated.get(t) == PASSED]
-            pass_to_pass = sorted(rng.sample(still, min(p2p_sample, len(still))))
+            pass_to_pass = sorted(still if p2p_sample is None else rng.sample(still, min(p2p_sample, len(still))))
             kept.append((mutation, fail_to_pass, pass_to_pass, problem_statement(package, fail_to_pass, _failure_messages(log))))
             used_functions.add((mutation.file, mutation.function))
 
@@ -236,7 +286,7 @@ def synthesize(
                 f"none of {report.candidates_tried} mutations of {package} made a passing test fail; raise "
                 "max_candidates or pick a package whose tests check its behaviour more closely"
             )
-        tasks = _commit_tasks(repo, pristine, package, version, kept, seed, split)
+        tasks = _commit_tasks(repo, pristine, package, version, kept, seed, split, spec, dependencies, p2p_sample)
         out_dir = Path(out_dir)
         bundle_file = bundle(repo, out_dir / "repos" / f"{_safe(package)}.bundle")
         report.tasks = _check_from_bundle(tasks, bundle_file, work / "check", runner, report)
@@ -253,7 +303,8 @@ def _safe(name: str) -> str:
 
 
 def _commit_tasks(repo: Path, pristine: str, package: str, version: str,
-                  kept: list[tuple[Mutation, list[str], list[str], str]], seed: int, split: str) -> list[Task]:
+                  kept: list[tuple[Mutation, list[str], list[str], str]], seed: int, split: str,
+                  spec: EnvironmentSpec, dependencies: dict, p2p_sample: int | None) -> list[Task]:
     tasks = []
     for number, (mutation, fail_to_pass, pass_to_pass, statement) in enumerate(kept, 1):
         task_id = f"{_safe(package)}-{number:03d}"
@@ -278,12 +329,15 @@ def _commit_tasks(repo: Path, pristine: str, package: str, version: str,
             created_at=MUTATION_DATE,
             split=split,
             difficulty="easy" if mutation.operator in ("off_by_one", "boundary_comparison", "flip_comparison") else "medium",
-            environment={"kind": "bundle", "bundle": f"repos/{_safe(package)}.bundle", "workdir": "/repo"},
+            environment={"kind": "bundle", "bundle": f"repos/{_safe(package)}.bundle", "workdir": "/repo",
+                         "requires": spec if not spec.empty else None},
             provenance={
                 "source": "synth", "package": package, "version": version, "file": mutation.file,
                 "function": mutation.function, "operator": mutation.operator, "line": mutation.lineno,
                 "original": mutation.original, "mutated": mutation.replacement, "seed": seed,
-                "pristine_commit": pristine,
+                "pristine_commit": pristine, "test_dependencies": dependencies,
+                # PASS_TO_PASS is the whole passing suite unless a sample was asked for: then it says so.
+                **({"pass_to_pass_sample": {"size": p2p_sample, "seed": seed}} if p2p_sample is not None else {}),
             },
         ))
     git(repo, "checkout", "-q", "main")

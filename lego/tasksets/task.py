@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from lego.tasksets.environment import EnvironmentSpec
 
 NO_FAIL_TO_PASS_WHY = ("an empty patch would resolve it, since zero FAIL_TO_PASS and PASS_TO_PASS tests count as a "
                        "full pass")
@@ -34,6 +36,9 @@ class Environment(BaseModel):
     dockerfile_dir: str | None = None
     workdir: str = "/repo"
     setup_commands: list[str] = Field(default_factory=list)
+    # What the tests need installed (Python and Debian packages, setup commands), built into an image shared by
+    # every task with the same spec, offline (lego/sandbox/env_image.py). None: the base image as it is.
+    requires: EnvironmentSpec | None = None
 
 
 class Task(BaseModel):
@@ -71,18 +76,17 @@ class Task(BaseModel):
             return []
         return value
 
-    @field_validator("FAIL_TO_PASS")
-    @classmethod
-    def _needs_a_failing_test(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        # Nothing else grades a task today (a Harbor task's tests/test.sh is not run): without a FAIL_TO_PASS
-        # test every patch resolves it, and training would reward doing nothing.
-        if not [name for name in value if name.strip()]:
-            name = info.data.get("instance_id")
+    @model_validator(mode="after")
+    def _needs_a_failing_test(self) -> Task:
+        # Without a FAIL_TO_PASS test nothing grades a SWE-bench-format task: every patch would resolve it, and
+        # training would reward doing nothing. A Harbor task is graded by its tests/test.sh instead
+        # (lego/verify/harbor_grader.py), so its grading recipe stands in for the lists.
+        if not [name for name in self.FAIL_TO_PASS if name.strip()] and not is_harbor_task(self):
             raise NoFailToPass(
-                f"task {name!r} has no FAIL_TO_PASS test: {NO_FAIL_TO_PASS_WHY}. List the tests that fail at "
-                "base_commit and pass with the gold patch in FAIL_TO_PASS, or drop the task"
+                f"task {self.instance_id!r} has no FAIL_TO_PASS test: {NO_FAIL_TO_PASS_WHY}. List the tests that "
+                "fail at base_commit and pass with the gold patch in FAIL_TO_PASS, or drop the task"
             )
-        return value
+        return self
 
     @property
     def test_files(self) -> list[str]:
@@ -98,3 +102,17 @@ def patch_files(patch: str) -> list[str]:
             if len(parts) >= 4:
                 files.append(parts[3][2:] if parts[3].startswith("b/") else parts[3])
     return files
+
+
+def harbor_recipe(task: Task) -> dict[str, Any] | None:
+    """The Harbor grading recipe a task carries (provenance["harbor"], from lego.tasksets.load), or None."""
+    provenance = task.provenance if isinstance(task.provenance, dict) else {}
+    recipe = provenance.get("harbor")
+    if provenance.get("source") == "harbor" and isinstance(recipe, dict) and recipe.get("tests_dir"):
+        return recipe
+    return None
+
+
+def is_harbor_task(task: Task) -> bool:
+    """Graded by running its tests/test.sh (Harbor's verifier) rather than by FAIL_TO_PASS/PASS_TO_PASS."""
+    return harbor_recipe(task) is not None

@@ -64,13 +64,14 @@ def run_pytest(repo_dir: Path, test_ids: Iterable[str] | None = None, timeout_s:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def run_tests(repo_dir: Path, test_ids: Iterable[str] | None = None, timeout_s: float = 300.0) -> dict[str, str]:
+def run_tests(repo_dir: Path, test_ids: Iterable[str] | None = None, timeout_s: float = 300.0,
+              python: str | None = None) -> dict[str, str]:
     """Statuses of the tests in `repo_dir` (all of them, or those in the files of `test_ids`).
 
     A test id asked for but absent from the report (not collected, say because its file fails to
     import) is reported as ERROR, so callers never mistake a missing test for a passing one.
     """
-    _, log = run_pytest(Path(repo_dir), test_ids, timeout_s)
+    _, log = run_pytest(Path(repo_dir), test_ids, timeout_s, python=python)
     statuses = parse_pytest_summary(log)
     for test_id in test_ids or []:
         statuses.setdefault(test_id, ERROR)

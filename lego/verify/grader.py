@@ -33,7 +33,7 @@ from lego.errors import ImageBuildError, LegoError, tail
 from lego.records import Outcome, OutcomeKind, TerminationReason, Trajectory
 from lego.sandbox import SNAPSHOT, ContainerDied, Sandbox, SandboxError, SandboxFactory
 from lego.sandbox.docker_sandbox import DockerSandboxFactory
-from lego.tasksets.task import Task
+from lego.tasksets.task import Task, is_harbor_task
 from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff, split_diff
 from lego.verify.runner.lego_grade import CONFIG_CANDIDATES, RESULT_MARKER
 
@@ -190,7 +190,12 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
         if status_of_test(entry) == "forged":
             fire("test_report_forged", f"{test}: pytest reports it passed, but the test raised")
     raised = any("raised" in states for entry in tests.values() for states in entry.get("ours", {}).values())
-    if end_rc == 0 and raised:
+    # An expected failure (xfail) raises and pytest reports it skipped: exit 0 is right then. Only a raise that
+    # pytest reported otherwise contradicts a 0.
+    raised_unexpectedly = any(
+        "raised" in states and "skipped" not in entry.get("pytest", {}).get(when, [])
+        for entry in tests.values() for when, states in entry.get("ours", {}).items())
+    if end_rc == 0 and raised_unexpectedly:
         fire("grading_tampered", "pytest returned 0 although a test raised")
     if end_rc == 1 and not raised and not any(
             outcome == "failed" for entry in tests.values() for outcomes in entry.get("pytest", {}).values()
@@ -224,6 +229,16 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
     all_passed = all(status == "passed" for status in statuses.values())
     resolved = all_passed and not disagree and len(alone) == len(task.FAIL_TO_PASS)
     f2p_passed = len(report_view["FAIL_TO_PASS"]["success"])
+    # Why graded tests were skipped or never ran: what `lego tasks validate` turns into advice.
+    skipped = {test: tests[test].get("skip_reason", "") for test, status in statuses.items() if status == "skipped"}
+    module_skips = full.get("collect_skips") or {}
+    skipped.update({test: f"its module was skipped: {module_skips[test.split('::')[0]]}"
+                    for test, status in statuses.items()
+                    if status == "missing" and test.split("::")[0] in module_skips})
+    if skipped:
+        evidence["skip_reasons"] = skipped
+    if full.get("collect_errors"):
+        evidence["collect_errors"] = full["collect_errors"][:20]
     evidence.update(report=report_view, statuses=statuses, alone=alone, tests_seen=len(tests),
                     resolution="RESOLVED_FULL" if resolved else ("RESOLVED_PARTIAL" if f2p_passed else "RESOLVED_NO"))
     if disagree:
@@ -264,8 +279,13 @@ class Verifier:
     def verify(self, task: Task, trajectory: Trajectory | None = None, *, diff: str | None = None,
                actions: list[str] | None = None) -> Outcome:
         """Grade a rollout (its final diff), retrying infra failures; never raises for the agent's doing."""
-        require_tests(task)
-        pytest_command_of(task)
+        # A Harbor task is graded by its tests/test.sh and the reward it writes (lego/verify/harbor_grader.py).
+        harbor = HarborGrading(self) if is_harbor_task(task) else None
+        if harbor is not None:
+            harbor.check(task)
+        else:
+            require_tests(task)
+            pytest_command_of(task)
         rollout_id = trajectory.rollout_id if trajectory else f"{task.instance_id}:adhoc"
         if diff is None:
             diff = trajectory.final_diff if trajectory else ""
@@ -288,7 +308,8 @@ class Verifier:
         attempts = self.config.infra_retries + 1
         for attempt in range(1, attempts + 1):
             try:
-                outcome = self._grade_once(task, diff, actions or [], rollout_id)
+                outcome = (harbor.grade_once(task, diff, actions or [], rollout_id) if harbor is not None
+                           else self._grade_once(task, diff, actions or [], rollout_id))
             except InfraFailure as failure:
                 outcome = Outcome(rollout_id, task.instance_id, OutcomeKind.infra_error,
                                   evidence={"check": failure.check, "error": str(failure)},
@@ -430,3 +451,6 @@ def infra_check(exc: BaseException) -> str:
 def verify_patch(verifier: Verifier, task: Task, patch: str) -> Outcome:
     """Grade a bare patch (gold or empty): used by `lego tasks validate`."""
     return verifier.verify(task, diff=patch, actions=[])
+
+
+from lego.verify.harbor_grader import HarborGrading  # noqa: E402  (it builds on this module's InfraFailure)

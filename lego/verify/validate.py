@@ -11,6 +11,7 @@ built around them). The report is JSON under the work dir.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -18,14 +19,16 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from docker.errors import DockerException
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lego.errors import ImageBuildError, tail
+from lego.errors import ImageBuildError, LegoError, tail
 from lego.records import Outcome, OutcomeKind
 from lego.sandbox.task_image import ensure_task_image
-from lego.tasksets.task import Task
+from lego.tasksets.task import Task, is_harbor_task
 from lego.verify.grader import Verifier
+from lego.verify.harbor_grader import HarborGrading
 
 PATCHES = ("gold", "empty")
 
@@ -37,6 +40,7 @@ class TaskValidation:
     empty: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     evidence: dict[str, dict] = field(default_factory=dict)  # why, for each problem
+    advice: list[str] = field(default_factory=list)  # what to change, in words (see `advise`)
 
     @property
     def broken(self) -> bool:
@@ -78,6 +82,42 @@ def classify(gold: list[str], empty: list[str]) -> list[str]:
     return problems
 
 
+_NO_MODULE = re.compile(r"No module named '([^']+)'")
+_DEPENDENCY_HINT = ("a test that passed where the task was made but does not run in the sandbox usually lacks a "
+                    "dependency there: declare it in the task's environment.requires (python: [\"name==version\"], "
+                    "or debian: [...]), or in the task set's environments.json")
+
+
+def advise(task: Task, outcome: Outcome) -> list[str]:
+    """What a user can change, read from a gold run that did not resolve: graded tests skipped in the sandbox
+    (with pytest's skip reason), tests never collected, modules the sandbox lacks."""
+    evidence = outcome.evidence
+    statuses: dict[str, str] = evidence.get("statuses") or {}
+    reasons: dict[str, str] = evidence.get("skip_reasons") or {}
+    advice = []
+    for group in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        names = getattr(task, group)
+        skipped = [test for test in names if statuses.get(test) == "skipped"]
+        # A module skipped whole (pytest.importorskip at its top) leaves its tests uncollected, with pytest's reason.
+        skipped += [test for test in names if statuses.get(test) == "missing" and test in reasons]
+        by_reason: dict[str, list[str]] = {}
+        for test in skipped:
+            by_reason.setdefault(reasons.get(test) or "no reason given", []).append(test)
+        for reason, tests in by_reason.items():
+            advice.append(f"{len(tests)} {group} test(s) were skipped in the sandbox (e.g. {tests[0]}); pytest's "
+                          f"skip reason: {reason!r}. {_DEPENDENCY_HINT[0].upper()}{_DEPENDENCY_HINT[1:]}")
+        missing = [test for test in names if statuses.get(test) == "missing" and test not in reasons]
+        if missing:
+            advice.append(f"{len(missing)} {group} test(s) did not run in the sandbox at all (e.g. {missing[0]}): "
+                          "their file failed to import or they are not collected there; " + _DEPENDENCY_HINT)
+    text = " ".join([str(evidence.get("error") or ""), *map(str, evidence.get("collect_errors") or []),
+                     outcome.test_log or ""])
+    for module in sorted(set(_NO_MODULE.findall(text))):
+        advice.append(f"the sandbox has no module {module!r} (ModuleNotFoundError while grading): add the "
+                      f"package that provides it to environment.requires.python")
+    return advice
+
+
 def _summary(outcome: Outcome) -> dict:
     evidence = outcome.evidence
     report = evidence.get("report") or {}
@@ -105,7 +145,9 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
     tasks = list(tasks)
     started = time.monotonic()
     results = {task.instance_id: TaskValidation(task.instance_id) for task in tasks}
-    untested = {task.instance_id for task in tasks if not [name for name in task.FAIL_TO_PASS if name.strip()]}
+    # A Harbor task is graded by its tests/test.sh (lego/verify/harbor_grader.py), not by FAIL_TO_PASS.
+    untested = {task.instance_id for task in tasks if not [name for name in task.FAIL_TO_PASS if name.strip()]
+                and not is_harbor_task(task)}
     for instance_id in untested:
         results[instance_id].problems.append("no_fail_to_pass")
         results[instance_id].evidence["no_fail_to_pass"] = {
@@ -120,8 +162,20 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
             for patch in PATCHES for run in range(runs)]
     outcomes: dict[tuple[str, str], list[Outcome]] = {}
 
+    # A Harbor task's gold patch is what its solution/solve.sh (Harbor's oracle) does: taken once, before grading.
+    golds: dict[str, str] = {}
+    for task in tasks:
+        if is_harbor_task(task) and not task.patch.strip() and task.instance_id not in image_errors:
+            try:
+                golds[task.instance_id] = HarborGrading(verifier).solution_diff(task)
+            except (LegoError, DockerException) as exc:
+                image_errors[task.instance_id] = f"no gold patch from solution/solve.sh: {exc}"
+
+    def gold_of(task: Task) -> str:
+        return golds.get(task.instance_id, task.patch)
+
     def grade(task: Task, patch: str) -> Outcome:
-        return verifier.verify(task, diff=task.patch if patch == "gold" else "", actions=[])
+        return verifier.verify(task, diff=gold_of(task) if patch == "gold" else "", actions=[])
 
     progress = Progress(TextColumn("[bold]validate[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=console, disable=console is None)
@@ -152,6 +206,8 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
             example = next((o for o in runs_of if wanted(o)), None)
             if example is not None:
                 result.evidence[problem] = _summary(example)
+                if problem in ("gold_not_resolved", "infra_error", "flaky"):
+                    result.advice += [line for line in advise(task, example) if line not in result.advice]
     return ValidationReport(list(results.values()), runs, concurrency, time.monotonic() - started)
 
 

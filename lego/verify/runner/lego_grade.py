@@ -303,10 +303,14 @@ def summarize(records: list[dict], pid: int) -> dict:
         elif kind == "report":
             tests.setdefault(record["id"], {"ours": {}, "pytest": {}})["pytest"].setdefault(record["when"], []).append(
                 record["outcome"])
+            if record.get("reason"):
+                tests[record["id"]]["skip_reason"] = str(record["reason"])[:300]
         elif kind == "interrupted":
             result["interrupted"] = str(record.get("detail"))[:300]
         elif kind == "collected":
             result["collected"] = record["ids"]
+        elif kind == "collect_skip":
+            result.setdefault("collect_skips", {})[str(record.get("id"))] = str(record.get("reason", ""))[:300]
         elif kind == "collect_error":
             result["collect_errors"].append(f"{record.get('id')}: {record.get('detail', '')[-300:]}")
         elif kind == "end":

@@ -133,6 +133,11 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
         def pytest_collectreport(self, report):
             if report.failed:
                 emit({"t": "collect_error", "id": report.nodeid, "detail": str(report.longrepr)[-1500:]})
+            elif report.skipped:  # a whole module skipped (pytest.importorskip at its top): its tests never run
+                longrepr = report.longrepr
+                emit({"t": "collect_skip", "id": report.nodeid,
+                      "reason": str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3
+                                    else longrepr)[:300]})
 
         @pytest.hookimpl(hookwrapper=True, tryfirst=True)
         def pytest_runtest_setup(self, item):
@@ -157,7 +162,13 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
 
         @pytest.hookimpl(trylast=True)
         def pytest_runtest_logreport(self, report):
-            emit({"t": "report", "id": report.nodeid, "when": report.when, "outcome": report.outcome})
+            record = {"t": "report", "id": report.nodeid, "when": report.when, "outcome": report.outcome}
+            if report.skipped:
+                # Why it was skipped (evidence only: a skip in the sandbox usually means a missing dependency).
+                longrepr = report.longrepr
+                record["reason"] = str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3
+                                       else longrepr)[:300]
+            emit(record)
 
         def pytest_keyboard_interrupt(self, excinfo):
             # pytest.exit() or an interrupt: the session stopped before its tests ran to the end.

@@ -1,0 +1,188 @@
+"""Harbor tasks graded as Harbor grades them (tests/test.sh, a reward file), and task sets exported to Harbor.
+
+Real parts: a Harbor task directory built here on the base image, the real Docker engine, Lego's loader and
+verifier. The reward channel is attacked from test.sh itself (which runs as the graded code's user).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lego.records import OutcomeKind
+from lego.tasksets.load import load_tasks
+from lego.tasksets.task import Task
+from lego.verify.grader import Verifier
+from lego.verify.harbor_grader import HarborGrading
+
+PASSING_TESTS = """cd /app
+if python3 -m pytest -q -p no:cacheprovider /tests/test_outputs.py; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+
+def _write_task(root: Path, base_image: str, test_sh: str = PASSING_TESTS, timeout_s: float = 120.0) -> Path:
+    task = root / "add-numbers"
+    (task / "environment" / "app" / "tests").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "solution").mkdir()
+    (task / "instruction.md").write_text("`add` in /app/calc.py subtracts; make it add.\n")
+    (task / "task.toml").write_text(f'schema_version = "1.4"\n\n[metadata]\nid = "add-numbers"\n\n[verifier]\n'
+                                    f"timeout_sec = {timeout_s}\n\n[agent]\ntimeout_sec = 600.0\n")
+    (task / "environment" / "Dockerfile").write_text(f"FROM {base_image}\nCOPY app/ /app/\nWORKDIR /app\n")
+    (task / "environment" / "app" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (task / "environment" / "app" / "tests" / "test_smoke.py").write_text("def test_smoke():\n    assert True\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh)
+    (task / "tests" / "test_outputs.py").write_text("from calc import add\n\n\ndef test_add():\n"
+                                                    "    assert add(2, 3) == 5\n")
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\nsed -i 's/a - b/a + b/' /app/calc.py\n")
+    return task
+
+
+def _variant(task: Task, root: Path, name: str, test_sh: str, timeout_s: float | None = None) -> Task:
+    """The same task (same environment image) with another tests/test.sh."""
+    tests = root / name
+    shutil.copytree(task.provenance["harbor"]["tests_dir"], tests)
+    (tests / "test.sh").write_text("#!/bin/bash\n" + test_sh)
+    harbor = {**task.provenance["harbor"], "tests_dir": str(tests)}
+    if timeout_s is not None:
+        harbor["verifier_timeout_s"] = timeout_s
+    return task.model_copy(update={"provenance": {**task.provenance, "harbor": harbor}})
+
+
+@pytest.fixture(scope="module")
+def harbor_verifier(docker_engine, base_image, lego_config, factory):
+    # No retries: each infra failure below is checked once, not three times.
+    config = lego_config.verify.model_copy(update={"infra_retries": 0})
+    return Verifier(docker_engine.client, base_image, lego_config.sandbox, config, factory=factory)
+
+
+@pytest.fixture(scope="module")
+def harbor_task(tmp_path_factory, base_image) -> Task:
+    root = tmp_path_factory.mktemp("harbor-set")
+    _write_task(root, base_image)
+    loaded = load_tasks(root, strict=True)
+    assert [task.instance_id for task in loaded.tasks] == ["add-numbers"]
+    return loaded.tasks[0]
+
+
+@pytest.fixture(scope="module")
+def gold(harbor_verifier, harbor_task) -> str:
+    return HarborGrading(harbor_verifier).solution_diff(harbor_task)
+
+
+def test_empty_patch_is_never_resolved_and_the_solution_is(harbor_verifier, harbor_task, gold):
+    assert "+    return a + b" in gold  # solve.sh's effect, taken as a diff
+    empty = harbor_verifier.verify(harbor_task, diff="", actions=[])
+    assert empty.kind == OutcomeKind.unresolved, empty.evidence
+    assert empty.evidence["check"] == "harbor_reward" and empty.evidence["reward"] == 0.0
+    solved = harbor_verifier.verify(harbor_task, diff=gold, actions=[])
+    assert solved.kind == OutcomeKind.resolved, (solved.evidence, solved.test_log)
+    assert solved.evidence["reward"] == 1.0 and solved.evidence["reward_files_written"] == ["reward.txt"]
+    assert "1 passed" in solved.test_log
+
+
+def test_a_change_to_a_test_file_is_dropped_and_flagged(harbor_verifier, harbor_task, gold):
+    edit = ("diff --git a/tests/test_smoke.py b/tests/test_smoke.py\n--- a/tests/test_smoke.py\n"
+            "+++ b/tests/test_smoke.py\n@@ -1,2 +1,2 @@\n def test_smoke():\n-    assert True\n+    assert 1\n")
+    outcome = harbor_verifier.verify(harbor_task, diff=gold + edit, actions=[])
+    assert outcome.kind == OutcomeKind.cheat and "test_files_edited" in outcome.cheat_rules
+    assert outcome.evidence["dropped_files"] == ["tests/test_smoke.py"]
+    assert outcome.evidence["tests_alone_would_give"] == "resolved"
+
+
+def test_the_graded_code_can_neither_replace_nor_outlive_the_reward(harbor_verifier, harbor_task, tmp_path):
+    # test.sh runs as the graded code's user: what it cannot do, code under test cannot either.
+    attack = """cd /app
+rm -f /logs/verifier/reward.txt && echo REMOVED
+ln -sf /tmp/mine /logs/verifier/reward.json 2>/dev/null && echo REPLACED
+cat /logs/verifier/reward.txt 2>/dev/null && echo READ
+(sleep 300; echo 1 > /logs/verifier/reward.txt) &
+echo 1 > /logs/verifier/reward.txt
+echo 0 > /logs/verifier/reward.txt
+"""
+    outcome = harbor_verifier.verify(_variant(harbor_task, tmp_path, "attack", attack), diff="", actions=[])
+    assert outcome.kind == OutcomeKind.unresolved, outcome.evidence
+    assert outcome.evidence["reward"] == 0.0  # the last write test.sh made
+    assert outcome.evidence["reward_files_written"] == ["reward.txt"]  # the symlink went nowhere
+    for word in ("REMOVED", "REPLACED", "READ"):
+        assert word not in outcome.test_log
+    assert any("sleep 300" in line for line in outcome.evidence["outlived_test_sh"])
+
+
+@pytest.mark.parametrize(("name", "test_sh", "timeout_s", "check"), [
+    ("missing", "cd /app && python3 -m pytest -q -p no:cacheprovider /tests/test_outputs.py\n", None,
+     "reward_missing"),
+    ("malformed", "echo passed > /logs/verifier/reward.txt\n", None, "reward_malformed"),
+    ("json-nan", "echo '{\"reward\": NaN}' > /logs/verifier/reward.json\n", None, "reward_malformed"),
+    ("timeout", "sleep 120\necho 1 > /logs/verifier/reward.txt\n", 3.0, "verifier_timeout"),
+])
+def test_no_reward_is_infra_never_a_reward(harbor_verifier, harbor_task, tmp_path, name, test_sh, timeout_s, check):
+    task = _variant(harbor_task, tmp_path, name, test_sh, timeout_s)
+    outcome = harbor_verifier.verify(task, diff="", actions=[])
+    assert outcome.kind == OutcomeKind.infra_error, outcome.evidence
+    assert outcome.evidence["check"] == check and outcome.evidence["error"]
+
+
+def test_a_patch_that_kills_test_sh_is_blamed_not_infra(harbor_verifier, harbor_task):
+    # Killing test.sh leaves no reward: without the control run that would be infra, a way out of the loss.
+    kill = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,5 @@\n+import os\n"
+            "+import signal\n+os.kill(os.getppid(), signal.SIGKILL)\n def add(a, b):\n     return a - b\n")
+    outcome = harbor_verifier.verify(harbor_task, diff=kill, actions=[])
+    assert outcome.kind == OutcomeKind.unresolved, outcome.evidence
+    assert outcome.evidence["check"] == "reward_missing_caused_by_patch"
+
+
+def test_bundled_set_exported_to_harbor_gets_the_same_verdicts(harbor_verifier, verifier, lego_config, tmp_path):
+    from typer.testing import CliRunner
+
+    from lego_cli import app
+
+    out = tmp_path / "harbor-bundled"
+    result = CliRunner().invoke(app, ["tasks", "export", "--harbor", str(out), "-c", "test",
+                                      "tasks.source=bundled"])
+    assert result.exit_code == 0, result.output
+    bundled = load_tasks("bundled").tasks
+    exported = load_tasks(out, strict=True).tasks
+    assert sorted(t.instance_id for t in exported) == sorted(t.instance_id for t in bundled)
+    for task_dir in out.iterdir():  # hidden tests never in the environment the agent gets
+        assert not list((task_dir / "environment").rglob("test.patch"))
+        environment = subprocess.run(["grep", "-rl", "lego_check", str(task_dir / "environment")],
+                                     capture_output=True, text=True).stdout
+        assert environment == ""
+    by_id = {task.instance_id: task for task in exported}
+    grading = HarborGrading(harbor_verifier)
+    for original in (bundled[0], bundled[4]):  # two repositories
+        harbor = by_id[original.instance_id]
+        assert harbor.test_patch == original.test_patch  # the screening knows the hidden test files
+        gold = grading.solution_diff(harbor)
+        verdicts = {
+            "swe-bench": (verifier.verify(original, diff=original.patch, actions=[]).kind,
+                          verifier.verify(original, diff="", actions=[]).kind),
+            "harbor": (harbor_verifier.verify(harbor, diff=gold, actions=[]).kind,
+                       harbor_verifier.verify(harbor, diff="", actions=[]).kind),
+        }
+        assert verdicts["harbor"] == verdicts["swe-bench"] == (OutcomeKind.resolved, OutcomeKind.unresolved), \
+            (original.instance_id, verdicts)
+
+
+# Harbor's own oracle/nop run over the exported set: tests/test_harbor_backend.py.
+
+
+def test_doctor_reports_the_harbor_environment(work_dir, tmp_path, monkeypatch):
+    from lego import doctor
+
+    monkeypatch.setenv("LEGO_HARBOR_VENV", str(tmp_path / "no-venv"))
+    ok, detail, fix = doctor._harbor(work_dir)
+    assert not ok and f"not installed in {tmp_path / 'no-venv'}" in detail and "docker compose v2" in detail
+    assert fix.startswith("optional:")
+    (tmp_path / "no-venv" / "bin").mkdir(parents=True)
+    (tmp_path / "no-venv" / "bin" / "harbor").write_text("#!/bin/sh\n")
+    _, detail, _ = doctor._harbor(work_dir)
+    assert f"harbor: {tmp_path / 'no-venv' / 'bin' / 'harbor'}" in detail

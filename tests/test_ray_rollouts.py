@@ -1,0 +1,95 @@
+"""Issue 14: the rollout stage's shards on Ray (pipeline.task_runner: ray, through prefect-ray) on a local Ray
+instance with two worker processes. Each shard starts its own proxy and engine (tests/ray_doubles.py); trajectories
+land in the shared work dir exactly once; a worker SIGKILLed mid-shard costs only its unfinished rollouts (Ray
+reruns the shard's task, which runs only what is not stored)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from lego import CONFIGS_DIR
+
+pytest.importorskip("prefect_ray", reason="pipeline.task_runner=ray needs the ray extra: pip install -e '.[ray]'")
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def rollout_stage_on_ray(overrides: list[str]) -> dict:
+    """The taskset stage, then the rollout stage with its flow on the configured (Ray) task runner."""
+    from prefect import flow
+
+    from flows.rollout import rollout_flow_for
+    from flows.taskset import taskset_flow
+    from lego.config import load_config
+    from lego.pipeline.pipeline_run import PipelineRun
+    from lego.workdir import WorkDir
+
+    @flow(name="lego-test-rollout-on-ray")
+    def stage() -> dict:
+        config = load_config(str(CONFIGS_DIR / "test.yaml"), overrides)
+        run = PipelineRun(config, WorkDir.create(config.project.work_dir))
+        taskset_flow(run.run_id)
+        result = rollout_flow_for(config)(run.run_id, 0)
+        run.finish("completed", {})
+        return {"data_run_id": result.data["data_run_id"], "metrics": result.metrics}
+
+    return stage()
+
+
+def test_rollout_shards_run_on_ray_workers_and_a_killed_worker_costs_only_its_unfinished_rollouts(
+        prefect_api, tmp_path, tiny_model_path, monkeypatch):
+    import ray
+
+    # Ray's worker processes inherit this environment: the runner double (tests/) and the kill switch.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]))
+    mark = tmp_path / "killed"
+    monkeypatch.setenv("LEGO_RAY_KILL_MARK", str(mark))
+    work = tmp_path / "work"
+    overrides = [f"project.work_dir={work}", "pipeline.runner=ray_doubles:ProxyRunner", "pipeline.task_runner=ray",
+                 "pipeline.rollout_shards=2", "tasks.limit=2", "rollout.samples_per_task=3", "filter.enabled=false",
+                 "warmstart.enabled=false", "eval.at_start=false", f"model.path={tiny_model_path}"]
+    # A local Ray instance with two worker CPUs (two shard tasks at once), every address on loopback; the task
+    # runner finds it initialized and uses it, as it would a cluster at pipeline.ray_address.
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        summary = rollout_stage_on_ray(overrides)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+    files = sorted(work.glob(f"data/{summary['data_run_id']}/rollout/iter=0/rollouts-*.parquet"))
+    rows = [row for path in files for row in pq.read_table(path, columns=["rollout_id", "metadata_json"]).to_pylist()]
+    ids = [row["rollout_id"] for row in rows]
+    assert len(ids) == len(set(ids)) == 6, ids  # 2 tasks x 3 samples: none lost, none stored twice
+    assert summary["metrics"]["rollouts"] == 6
+    meta = {row["rollout_id"]: json.loads(row["metadata_json"]) for row in rows}
+    pids = {m["pid"] for m in meta.values()}
+    # The shards ran in Ray worker processes, not in the flow's; each process served its rollouts from its own proxy.
+    assert os.getpid() not in pids and len(pids) >= 2, pids
+    # Each shard served its rollouts from a proxy of its own, in one worker process (a worker may run several
+    # shards one after the other: the killed shard's rerun lands on whichever worker is free).
+    by_proxy: dict[str, set[int]] = {}
+    for m in meta.values():
+        by_proxy.setdefault(m["proxy"], set()).add(m["pid"])
+    assert all(len(owners) == 1 for owners in by_proxy.values()), by_proxy
+    assert len(by_proxy) == 3, by_proxy  # two shards and the rerun of the killed one
+    # what each shard's proxy served (its max_tokens cuts the scripted answer): that rollout's own answer
+    assert all(m["reply"] and f"answer for {rid}".startswith(m["reply"]) for rid, m in meta.items()), meta
+    # One worker was SIGKILLed right after storing its first trajectory: that one is kept (stored once, by the dead
+    # process), and the rest of its shard ran again elsewhere without redoing it.
+    killed_pid, killed_rollout = mark.read_text().split()
+    assert meta[killed_rollout]["pid"] == int(killed_pid)
+    assert sum(1 for m in meta.values() if m["pid"] == int(killed_pid)) == 1
