@@ -7,6 +7,7 @@ and what was expected.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -342,9 +343,16 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+# Where the environment moves every config's work dir (an explicit project.work_dir= override still wins): one
+# machine running several independent copies of a command, such as the test suite's parallel workers, gives each its
+# own catalog, MLflow store and artifacts without editing a config.
+WORK_DIR_ENV = "LEGO_WORK_DIR"
+
+
 def load_config(name_or_path: str | Path = "default", overrides: list[str] | None = None) -> LegoConfig:
     path = _resolve_config_path(name_or_path)
-    data = apply_overrides(_read_yaml(path), overrides or [])
+    from_env = [f"project.work_dir={os.environ[WORK_DIR_ENV]}"] if os.environ.get(WORK_DIR_ENV) else []
+    data = apply_overrides(_read_yaml(path), [*from_env, *(overrides or [])])
     try:
         return LegoConfig.model_validate(data)
     except ValidationError as exc:

@@ -12,6 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Parallel workers (pytest -n, scripts/test.sh): each gets a work dir of its own (catalog, MLflow, Prefect home,
+# artifacts), also for the `lego` commands the tests run in-process or as children; the Docker engine is the one
+# scripts/test.sh started and exported as DOCKER_HOST.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["LEGO_WORK_DIR"] = f".lego-test/workers/{os.environ['PYTEST_XDIST_WORKER']}"
+
 
 @pytest.fixture(scope="session")
 def lego_config():

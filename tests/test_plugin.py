@@ -79,7 +79,9 @@ def test_doctor_json_is_what_the_commands_read(monkeypatch):
     ready = CliRunner().invoke(app, ["doctor", "--json", "-c", "test"])
     assert ready.exit_code == 0, ready.output
     report = json.loads(ready.stdout)
-    assert report["ok"] is True and Path(report["work_dir"]).name == ".lego-test"
+    from lego.config import load_config
+
+    assert report["ok"] is True and Path(report["work_dir"]) == load_config("test").project.work_dir.resolve()
     assert report["checks"][1] == {"name": "gpu", "ok": False, "detail": "none", "fix": "optional",
                                    "required": False}
     checks.append(doctor.Check("docker engine + base image", False, "no engine", "lego docker up"))

@@ -99,14 +99,23 @@ def _blocks(content: Any, param: str) -> list[dict[str, Any]]:
     return content
 
 
-def parse_messages(raw: Any, system: Any) -> list[ChatMessage]:
+def parse_messages(raw: Any, system: Any, ends: list[int] | None = None) -> list[ChatMessage]:
     messages: list[ChatMessage] = []
     if system is not None and system != "" and system != []:
         messages.append(ChatMessage(role="system", content=text_of(system, "system")))
     expect(raw, list, "messages")
     if not raw:
         raise RequestError("'messages' must not be empty", param="messages")
-    for i, item in enumerate(raw):
+    messages.extend(parse_items(raw, ends=ends))
+    return messages
+
+
+def parse_items(raw: list[Any], start: int = 0, ends: list[int] | None = None) -> list[ChatMessage]:
+    """The messages of `raw`, items `start`, `start + 1`, ... of a request's `messages` (each read on its own: a
+    resent request's new items are read alone, lego/proxy/resend.py). A user item may become several messages.
+    `ends`, when given, gets how many messages there are after each item."""
+    messages: list[ChatMessage] = []
+    for i, item in enumerate(raw, start):
         param = f"messages[{i}]"
         expect(item, dict, param)
         role = expect(item.get("role"), str, f"{param}.role")
@@ -150,6 +159,8 @@ def parse_messages(raw: Any, system: Any) -> list[ChatMessage]:
                 messages.append(ChatMessage(role="user", content=text_of(texts, f"{param}.content")))
         else:
             raise RequestError(f"'{param}.role' must be user, assistant or system", param=f"{param}.role")
+        if ends is not None:
+            ends.append(len(messages))
     return messages
 
 
@@ -230,9 +241,12 @@ def check_options(body: dict[str, Any]) -> None:
                           "have the harness call them and send their tools as custom tools")
 
 
-def parse_request(body: dict[str, Any]) -> tuple[Conversation, dict[str, Any]]:
+def parse_request(body: dict[str, Any], ends: list[int] | None = None) -> tuple[Conversation, dict[str, Any]]:
+    """The conversation and the options of a request. `ends`, when given, gets how many messages the conversation
+    has after each item of the request's `messages`, not counting the `system` message (lego/proxy/resend.py)."""
     check_options(body)
-    conversation = Conversation(parse_messages(body.get("messages"), body.get("system")), parse_tools(body.get("tools")))
+    conversation = Conversation(parse_messages(body.get("messages"), body.get("system"), ends),
+                                parse_tools(body.get("tools")))
     max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         expect(max_tokens, int, "max_tokens")

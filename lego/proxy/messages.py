@@ -144,9 +144,15 @@ class Conversation:
     messages: list[ChatMessage]
     tools: list[dict[str, Any]]  # [{"type": "function", "function": {name, description, parameters}}]
     _keys: list[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _tools_key: str | None = field(default=None, init=False, repr=False, compare=False)
+    _system_text: str | None = field(default=None, init=False, repr=False, compare=False)
+    # what the session derives from the system text and the tools alone (its agent signature), kept with them
+    signature: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def tools_key(self) -> str:
-        return tools_key(self.tools)
+        if self._tools_key is None:
+            self._tools_key = tools_key(self.tools)
+        return self._tools_key
 
     def keys(self) -> list[str]:
         """The tools (they render into the first turn) and then every message, as match keys (computed once)."""
@@ -156,13 +162,31 @@ class Conversation:
 
     def system_text(self) -> str:
         """The leading system messages: what tells the main thread from a sub-agent or a title request."""
-        texts = []
-        for message in self.messages:
-            if message.role != "system":
-                break
-            texts.append(message.content)
-        text = "\n".join(texts)
-        return _normalized_long_text(text) if len(text) >= LONG_TEXT else normalize_text(text)
+        if self._system_text is None:
+            texts = []
+            for message in self.messages:
+                if message.role != "system":
+                    break
+                texts.append(message.content)
+            text = "\n".join(texts)
+            self._system_text = _normalized_long_text(text) if len(text) >= LONG_TEXT else normalize_text(text)
+        return self._system_text
+
+    def extended(self, keep: int, messages: list[ChatMessage]) -> Conversation:
+        """This conversation's first `keep` messages (the very objects: they are not changed once read) followed by
+        `messages`, with the same tools (the same list). What depends only on the tools and the leading system
+        messages is carried over when those are kept whole."""
+        conversation = Conversation([*self.messages[:keep], *messages], self.tools)
+        conversation._tools_key = self._tools_key
+        system = 0
+        while system < len(self.messages) and self.messages[system].role == "system":
+            system += 1
+        if keep > system:  # a kept non-system message ends the leading system run: the same objects in both
+            conversation._system_text = self._system_text
+            conversation.signature = self.signature
+        if self._keys is not None:
+            conversation._keys = [*self._keys[: 1 + keep], *(message.key() for message in messages)]
+        return conversation
 
     def template_messages(self, known: int = 0) -> list[dict[str, Any]]:
         return [m.to_template(keep_reasoning=i >= known) for i, m in enumerate(self.messages)]

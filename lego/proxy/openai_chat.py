@@ -115,12 +115,19 @@ def parse_tools(raw: Any, param: str = "tools") -> list[dict[str, Any]]:
     return tools
 
 
-def parse_messages(raw: Any) -> list[ChatMessage]:
+def parse_messages(raw: Any, ends: list[int] | None = None) -> list[ChatMessage]:
     expect(raw, list, "messages")
     if not raw:
         raise RequestError("'messages' must not be empty", param="messages")
+    return parse_items(raw, ends=ends)
+
+
+def parse_items(raw: list[Any], start: int = 0, ends: list[int] | None = None) -> list[ChatMessage]:
+    """The messages of `raw`, items `start`, `start + 1`, ... of a request's `messages` (each read on its own: a
+    resent request's new items are read alone, lego/proxy/resend.py). `ends`, when given, gets how many messages
+    there are after each item."""
     messages = []
-    for i, item in enumerate(raw):
+    for i, item in enumerate(raw, start):
         param = f"messages[{i}]"
         expect(item, dict, param)
         role = ROLES.get(expect(item.get("role"), str, f"{param}.role"))
@@ -148,6 +155,8 @@ def parse_messages(raw: Any) -> list[ChatMessage]:
         if role == "tool":
             message.tool_call_id = str(item.get("tool_call_id", ""))
         messages.append(message)
+        if ends is not None:
+            ends.append(len(messages))
     return messages
 
 
@@ -204,9 +213,11 @@ def check_options(body: dict[str, Any]) -> None:
             raise unsupported(param, "is set", instead)
 
 
-def parse_request(body: dict[str, Any]) -> tuple[Conversation, dict[str, Any]]:
+def parse_request(body: dict[str, Any], ends: list[int] | None = None) -> tuple[Conversation, dict[str, Any]]:
+    """The conversation and the options of a request. `ends`, when given, gets how many messages the conversation
+    has after each item of the request's `messages` (lego/proxy/resend.py)."""
     check_options(body)
-    conversation = Conversation(parse_messages(body.get("messages")), parse_tools(body.get("tools")))
+    conversation = Conversation(parse_messages(body.get("messages"), ends), parse_tools(body.get("tools")))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         expect(max_tokens, int, "max_tokens")

@@ -15,7 +15,6 @@ get the protocol's 400; nothing a client sends crashes the server. Streamed answ
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -25,7 +24,6 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -35,15 +33,11 @@ from lego.errors import tail
 from lego.proxy import anthropic, openai_chat, responses
 from lego.proxy.messages import RequestError
 from lego.proxy.render import ChatRenderer
+from lego.proxy.resend import load_json
 from lego.proxy.session import Session
 from lego.proxy.streaming import WRITERS, ReplyStreamer, to_json
 
 log = logging.getLogger(__name__)
-
-try:  # parses a harness's 80 KB request several times faster than json (prefect depends on it)
-    from orjson import loads as _fast_json
-except ImportError:  # pragma: no cover - json alone is correct, only slower
-    _fast_json = json.loads
 
 SESSION_SOCKET = "proxy.sock"  # the socket's name in its session's own directory
 
@@ -156,6 +150,7 @@ class ProxyServer:
         session = self._sessions.pop(session_id, None)
         if session is not None:
             session.closed = True
+            session.resent.clear()  # a closed session parses no more requests: its raw bytes can go
             session.cancel_inflight()
         entry = self._session_sockets.pop(session_id, None)
         if entry is not None:
@@ -306,23 +301,9 @@ class ProxyServer:
             return self.unix_path is not None and where == str(self.unix_path)
         return False
 
-    @staticmethod
-    async def _json_body(request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
-        try:
-            body = _fast_json(raw)
-        except ValueError:  # orjson refuses a few things json takes (NaN, huge integers, lone surrogates)
-            try:
-                body = json.loads(raw)
-            except ValueError as exc:
-                raise RequestError(f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
-        return body
-
     async def _complete(self, request: web.Request, session: Session, module) -> web.StreamResponse:
-        body = await self._json_body(request)
-        conversation, options = module.parse_request(body)
+        # Only what a resent history adds is parsed (lego/proxy/resend.py); anything else is parsed whole.
+        conversation, options = session.resent.parse(module, await request.read())
         call = {"protocol": module.PROTOCOL, "stream": options["stream"], "max_tokens": options["max_tokens"],
                 "parse_tools": options["parse_tools"], "stop": options.get("stop", ()),
                 "tool_choice": options.get("tool_choice")}
@@ -341,7 +322,7 @@ class ProxyServer:
             return await streamer.fail(exc, session)
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
-        conversation, _ = anthropic.parse_request(await self._json_body(request))
+        conversation, _ = anthropic.parse_request(load_json(await request.read())[0])
         text = self.renderer.render(conversation.template_messages(), conversation.tools, add_generation_prompt=True)
         return web.json_response({"input_tokens": len(self.renderer.encode(text))})
 

@@ -89,6 +89,7 @@ from lego.engine.base import Engine, GenerateResult, SamplingParams, generate_st
 from lego.proxy.messages import ContextOverflowError, Conversation, RequestError
 from lego.proxy.render import ChatRenderer
 from lego.proxy.reply import CALL_CLOSE, Reply, parse_reply
+from lego.proxy.resend import ResentRequests
 from lego.proxy.transcript import RequestLog, reply_json
 from lego.records import LLMCall, Segment, SegmentReason
 
@@ -254,8 +255,10 @@ def _system_digest(text: str) -> str:
 
 def agent_signature(conversation: Conversation) -> str:
     """Which agent sent a request: its system text without volatile parts, and the names of its tools."""
-    names = ",".join(sorted(tool["function"]["name"] for tool in conversation.tools))
-    return f"{_system_digest(conversation.system_text())}:{names}"
+    if conversation.signature is None:
+        names = ",".join(sorted(tool["function"]["name"] for tool in conversation.tools))
+        conversation.signature = f"{_system_digest(conversation.system_text())}:{names}"
+    return conversation.signature
 
 
 def common_prefix(a: list[str], b: list[str]) -> int:
@@ -290,6 +293,7 @@ class Session:
         self._branches: list[Branch] = []
         self._calls: list[_Call] = []
         self._requests = RequestLog()  # what each call asked, stored as a delta on the thread's previous request
+        self.resent = ResentRequests()  # its recent requests' bytes: a resent history is not parsed again
 
     @property
     def openai_base_url(self) -> str:
