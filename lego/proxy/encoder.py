@@ -133,25 +133,22 @@ class WordCacheEncoder:
         if "".join(words) != segment:  # never expected: the pattern covers every character
             return False
         cache = self._cache
-        mark = len(out)
-        try:  # every word seen before (the common case): one pass
-            out.extend(chain.from_iterable(map(cache.__getitem__, words)))
-            return True
-        except KeyError:
-            del out[mark:]
-        # one word at a time: a batch would wake the tokenizer's thread pool, which costs more than a few words
-        encode = self._model.encode
-        found = {word: encode(word, add_special_tokens=False).ids for word in set(words).difference(cache)}
-        if len(cache) + len(found) > CACHED_WORDS:  # start over, keeping this text's words
-            kept = {word: cache[word] for word in set(words).intersection(cache)}
-            cache.clear()
-            cache.update(kept)
-        cache.update(found)
-        try:
-            out.extend(chain.from_iterable(map(cache.__getitem__, words)))
-        except KeyError:  # a worker thread started the cache over meanwhile
-            del out[mark:]
-            for word in words:
-                piece = found.get(word) or cache.get(word)
-                out.extend(piece if piece is not None else encode(word, add_special_tokens=False).ids)
+        pieces = list(map(cache.get, words))
+        if None in pieces:  # unseen words (a new path, a hash): tokenized one by one
+            # one word at a time: a batch would wake the tokenizer's thread pool, which costs more than a few words
+            encode = self._model.encode
+            found: dict[str, list[int]] = {}
+            for index, piece in enumerate(pieces):
+                if piece is None:
+                    word = words[index]
+                    piece = found.get(word)
+                    if piece is None:
+                        piece = found[word] = encode(word, add_special_tokens=False).ids
+                    pieces[index] = piece
+            if len(cache) + len(found) > CACHED_WORDS:  # start over, keeping this text's words
+                kept = {word: cache[word] for word in set(words).intersection(cache)}
+                cache.clear()
+                cache.update(kept)
+            cache.update(found)
+        out.extend(chain.from_iterable(pieces))
         return True

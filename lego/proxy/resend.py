@@ -42,13 +42,35 @@ _MESSAGES_KEY = b'"messages"'
 _WHITESPACE = b" \t\r\n"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Layout:
     """Where the items of a request's top-level `messages` array lie in its bytes."""
 
-    starts: tuple[int, ...]  # the offset of each item's first byte
+    starts: tuple[int, ...]  # the offset of each item's first byte, for the items before the pending ones
     last_end: int  # the offset just past the last item
     close: int  # the offset of the array's closing bracket
+    count: int = -1  # how many items (-1: len(starts))
+    # Byte ranges holding the last items, not scanned yet: only a request that rewrites one of them needs their
+    # starts. The same ranges in every later request that keeps them (its bytes up to them are the same).
+    pending: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            self.count = len(self.starts)
+
+    def start(self, raw: bytes, item: int) -> int:
+        """The offset of item `item`'s first byte in `raw` (the request this layout is of)."""
+        if item >= len(self.starts):
+            starts = list(self.starts)
+            for begin, end in self.pending:
+                wrapped = messages_layout(b'{"messages":[' + raw[begin:end] + b"]}")
+                if wrapped is None:
+                    raise AssertionError("the items parsed as a JSON array of objects")  # pragma: no cover
+                starts.extend(begin - len(b'{"messages":[') + start for start in wrapped.starts)
+            if len(starts) != self.count:
+                raise AssertionError("every item's start was found")  # pragma: no cover
+            self.starts, self.pending = tuple(starts), ()
+        return self.starts[item]
 
 
 def messages_layout(raw: bytes) -> Layout | None:
@@ -152,19 +174,19 @@ class ResentRequests:
             module.parse_request(body)
         if parse_items is not None and fast:
             layout = messages_layout(raw)
-            if layout is not None and len(layout.starts) == len(ends):
+            if layout is not None and layout.count == len(ends):
                 self._sent.append(_Sent(module, raw, layout, len(conversation.messages) - ends[-1], ends,
                                         conversation, options))
         return conversation, dict(options)
 
     def _from_tail(self, sent: _Sent, raw: bytes, parse_items) -> tuple[Conversation, dict[str, Any]] | None:
         old, layout = memoryview(sent.raw), sent.layout
-        count = len(layout.starts)
+        count = layout.count
         end = len(raw) - (len(old) - layout.close)  # where the new request's messages array closes, if it matches
         if not raw.endswith(old[layout.close:]):
             return None
         for keep in range(count, max(0, count - REWRITTEN_ITEMS) - 1, -1):
-            start = layout.last_end if keep == count else layout.starts[keep]
+            start = layout.last_end if keep == count else layout.start(sent.raw, keep)
             if end <= start or not raw.startswith(old[:start]):
                 continue
             items_bytes = raw[start:end]
@@ -186,13 +208,15 @@ class ResentRequests:
             except RequestError:
                 return None  # the full path answers it, with the protocol's error
             conversation = sent.conversation.extended(sent.head + kept, messages)
-            # the new items' layout: they are the last bytes before the array's (unchanged) closing bracket
-            items_layout = messages_layout(b'{"messages":[' + items_bytes + b"]}")
-            if items_layout is not None and len(items_layout.starts) == len(items):
-                offset = end - len(items_bytes) - len(b'{"messages":[')
-                self._sent.append(_Sent(sent.module, raw, Layout(
-                    (*layout.starts[:keep], *(offset + item for item in items_layout.starts)),
-                    offset + items_layout.last_end, end), sent.head, [*sent.ends[:keep], *(kept + e for e in ends)],
-                    conversation, sent.options))
+            # the new items are the last bytes before the array's (unchanged) closing bracket; where each starts is
+            # found when a later request rewrites one of them
+            pending = ((end - len(items_bytes), end),)
+            if keep == count:
+                starts, pending = layout.starts, layout.pending + pending
+            else:
+                starts = layout.starts[:keep]  # all found: item `keep`'s start was asked for above
+            self._sent.append(_Sent(sent.module, raw, Layout(
+                starts, end - (len(items_bytes) - len(items_bytes.rstrip(_WHITESPACE))), end, keep + len(items),
+                pending), sent.head, [*sent.ends[:keep], *(kept + e for e in ends)], conversation, sent.options))
             return conversation, dict(sent.options)
         return None
