@@ -30,9 +30,12 @@ def test_transformers_engine_streams_its_tokens_before_the_generation_ends(fp32_
     sample = engine._sample_into
 
     def sample_then_hold(row, logits) -> None:
-        sample(row, logits)
-        if row.job.on_token is not None and len(row.tokens) == 1:  # the streamed row's first token
+        first = row.job.on_token is not None and not row.tokens  # the streamed row's first token
+        if first:
+            # set before sampling delivers the token: the event loop may read it before this thread runs again
             first_sampled.set()
+        sample(row, logits)
+        if first:
             held.wait(60)
 
     async def scenario() -> tuple[TokenChunk, list[TokenChunk]]:

@@ -269,7 +269,9 @@ def test_served_deployment_fires_on_schedule(first_run, overrides, tmp_path):
                 except Exception:  # the server is still starting
                     continue
                 states = [r.state.type.value for r in runs if r.state is not None]
-                assert "FAILED" not in states and "CRASHED" not in states, states
+                broken = [f"{r.name}: {r.state.type.value}: {r.state.message}" for r in runs
+                          if r.state is not None and r.state.type.value in ("FAILED", "CRASHED")]
+                assert not broken, broken
         assert "COMPLETED" in states, f"no scheduled run completed in time: {states}"
     finally:
         server.send_signal(signal.SIGINT)  # lego deploy stops serving, then its server

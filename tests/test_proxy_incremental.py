@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import json
+import lzma
 import random
+from pathlib import Path
 
 import httpx
 import pytest
@@ -147,3 +149,82 @@ def test_tool_lists_are_keyed_by_value():
     tools[0]["function"]["description"] = "Run a command, changed"
     assert tools_key(tools) != key  # the kept copy did not change with the caller's list
     assert tools_key(copy.deepcopy(TOOLS)) == key
+
+
+# ------------------------------------------------------------------------------------------ tokenizer fast paths
+
+THREAD_FIXTURES = Path(__file__).parent / "fixtures" / "threads"
+ADVERSARIAL = [
+    "", " ", "  ", "\n", "\n\n\n", " \n \n", "\t\t x", "   leading", "trailing   ", "a  b   c    d", "\r\n\r\n  \r\n",
+    "It's they're we'LL I'M you've he'd 'S 's' x's don't", "''s '' 's's", "12345 1,000,000 3.14159 0x1F 1e-9 v2.0.1",
+    "x1y2z3 __init__ a_b_c", "naïve café 中文 🙂 émoji\u00a0nbsp", "tab\tsep\tvalues\n", "\x00\x01\x1f\x7f control",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "<tool_response>\n  ok\n</tool_response>",
+    "def f(x):\n    return x ** 2  # comment\n\n\n", "\u2028\u2029 line separators", "a" * 500, " " * 100 + "x",
+]
+
+
+def captured_texts(renderer: ChatRenderer) -> list[str]:
+    """Every captured harness request's rendered prompt and the texts in it (tests/fixtures/threads)."""
+    from lego.proxy import anthropic, openai_chat, responses
+
+    routes = {"/v1/messages": anthropic, "/v1/chat/completions": openai_chat, "/v1/responses": responses}
+    texts: list[str] = []
+    for path in sorted(THREAD_FIXTURES.glob("*.json.xz")):
+        with lzma.open(path, "rt", encoding="utf-8") as handle:
+            calls = json.load(handle)["calls"]
+        for call in calls:
+            conversation, _ = routes[call["path"].split("?")[0]].parse_request(call["body"])
+            texts.append(renderer.render(conversation.template_messages(), conversation.tools,
+                                         add_generation_prompt=True))
+            texts.extend(message.content for message in conversation.messages)
+            texts.append(call.get("reply") or "")
+    return texts
+
+
+def test_the_word_cache_tokenizes_captured_harness_requests_as_the_tokenizer(tokenizer):
+    """The fast path (word cache, unseen words in one tokenizer call) against the tokenizer itself, on what real
+    harnesses sent, each text both with nothing cached and with its words cached, and on adversarial text."""
+    fast = tokenizer._tokenizer
+    renderer = ChatRenderer(tokenizer)
+    texts = captured_texts(renderer) + ADVERSARIAL
+    assert len(texts) > 100
+    for warm in (False, True):
+        encoder = WordCacheEncoder.for_tokenizer(fast)
+        assert encoder is not None and encoder._words_model is not None  # the one-call path is in use
+        for text in texts:
+            if not warm:
+                encoder._cache.clear()
+                encoder._segments.clear()
+            expected = fast.encode(text, add_special_tokens=False).ids
+            got = encoder.encode(text)
+            assert got is None if not text.isascii() else got == expected, repr(text[:200])
+            assert renderer.encode(text) == expected, repr(text[:200])
+
+
+def test_unseen_words_in_one_call_are_tokenized_one_by_one(tokenizer):
+    encoder = WordCacheEncoder.for_tokenizer(tokenizer._tokenizer)
+    rng = random.Random(5)
+    alphabet = [chr(code) for code in range(128)]
+    for _ in range(300):
+        words = list(dict.fromkeys("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12)))
+                                   for _ in range(rng.randint(2, 30))))
+        one_by_one = [encoder._model.encode(word, add_special_tokens=False).ids for word in words]
+        assert encoder._encode_words(words) == one_by_one, words
+
+
+def test_a_reply_decoded_once_reads_as_decoded_whole(tokenizer):
+    """The end-of-turn token's text is added to the decoded reply instead of decoding the reply again."""
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.decodes_by_concatenation
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    rng = random.Random(3)
+    texts = ADVERSARIAL + ["é", "中文", "🙂🙂"]
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        for cut in range(len(ids) + 1):  # every prefix, unfinished characters included
+            shown = ids[:cut]
+            assert renderer.decode_after(renderer.decode(shown), shown, [*shown, end]) == \
+                renderer.decode([*shown, end]), (text, cut)
+    for _ in range(300):
+        shown = [rng.randrange(151643) for _ in range(rng.randint(0, 8))]
+        assert renderer.decode_after(renderer.decode(shown), shown, [*shown, end]) == renderer.decode([*shown, end])

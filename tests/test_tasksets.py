@@ -415,7 +415,7 @@ def test_a_task_without_fail_to_pass_cannot_be_built():
 def test_cli_tasks_list():
     from lego_cli import app
 
-    result = CliRunner().invoke(app, ["tasks", "list", "--split", "eval"])
+    result = CliRunner().invoke(app, ["tasks", "list", "--split", "eval", "-c", "test"])  # test: no tasks.limit
     assert result.exit_code == 0, result.output
     for task in BUNDLED:
         if task.split == "eval":

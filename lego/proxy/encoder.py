@@ -5,7 +5,9 @@ between them (NFC: nothing to do on ASCII), splits that into words with one regu
 each word alone. Most of its time goes to the regular expression (an Oniguruma `\\p{L}` pattern) and to BPE of words
 it has seen many times. On ASCII text the pattern means the same as its ASCII spelling, which Python's `re` runs
 several times faster, and a word's tokens depend on the word alone, so they are kept per word. `WordCacheEncoder`
-does exactly that and hands only unseen words to the tokenizer's own BPE (the same model, without the split).
+does exactly that and hands only unseen words to the tokenizer's own BPE (the same model, without the split), all of
+a text's unseen words in one call: joined by a separator that is not ASCII (so in no word), which that call's
+pre-tokenizer removes again, so that BPE still runs on each word alone.
 
 It applies only where that is exact: a tokenizer whose split pattern is a known one, whose normalizer leaves ASCII
 as it is, whose added tokens match anywhere (no single-word or strip rules), and only to ASCII text (anything else
@@ -32,6 +34,7 @@ ASCII_SPLITS = {
 ASCII_NORMALIZERS = {None, "NFC", "NFD", "NFKC", "NFKD"}  # each leaves ASCII text unchanged
 CACHED_WORDS = 200_000  # words whose tokens an encoder keeps (then it starts over)
 SHORT_SEGMENT = 32  # texts between added tokens this short are kept whole, beside the words
+WORD_SEPARATOR = "\ue000"  # joins a text's unseen words for one tokenizer call (not ASCII: in no word)
 CHECK_TEXTS = (
     "".join(chr(code) for code in range(128)),
     "It's THEY'RE we'Ll I'M you'VE he'd 'S 's' x's\n\n  \t \r\n\r\n   end  ",
@@ -45,15 +48,19 @@ CHECK_TEXTS = (
 class WordCacheEncoder:
     """Tokens of ASCII text, as the tokenizer gives them (see the module docstring). Build it with `for_tokenizer`."""
 
-    def __init__(self, split: re.Pattern, model, added: dict[str, int]) -> None:
+    def __init__(self, split: re.Pattern, model, added: dict[str, int], words_model=None) -> None:
         self._split = split
         self._model = model  # the tokenizer's BPE model behind a byte-level mapping, without the word split
+        # the same, splitting at WORD_SEPARATOR (removed): several unseen words in one call (None: one by one)
+        self._words_model = words_model
         self._added_ids = added
         # leftmost match, the longest at that position (as the tokenizer matches added tokens)
         self._added = (re.compile("|".join(re.escape(token) for token in sorted(added, key=len, reverse=True)))
                        if added else None)
-        self._cache: dict[str, list[int]] = {}  # word -> its tokens
-        self._segments: dict[str, list[int]] = {}  # short text between added tokens -> its tokens
+        # word -> its tokens. Tuples, not lists: the collector stops tracking a tuple of ints, so a full collection
+        # does not walk every cached word
+        self._cache: dict[str, tuple[int, ...]] = {}
+        self._segments: dict[str, tuple[int, ...]] = {}  # short text between added tokens -> its tokens
 
     @classmethod
     def for_tokenizer(cls, tokenizer) -> WordCacheEncoder | None:
@@ -87,7 +94,15 @@ class WordCacheEncoder:
             added[token.content] = tokenizer.token_to_id(token.content)
         bare = Tokenizer(model)  # the same BPE model, reached without the split, the normalizer or added tokens
         bare.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        encoder = cls(ASCII_SPLITS[pattern], bare, added)
+        batch = Tokenizer(model)
+        batch.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(WORD_SEPARATOR, "removed"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        encoder = cls(ASCII_SPLITS[pattern], bare, added, batch)
+        words = list(dict.fromkeys(chain.from_iterable(encoder._split.findall(text) for text in CHECK_TEXTS)))
+        if encoder._encode_words(words) != [bare.encode(word, add_special_tokens=False).ids for word in words]:
+            log.warning("tokenizing words in one call differs from one call per word; tokenizing them one by one")
+            encoder._words_model = None
         for text in CHECK_TEXTS:
             if encoder.encode(text) != tokenizer.encode(text, add_special_tokens=False).ids:
                 log.warning("the word-cache tokenizer differs from the tokenizer on a check text; not using it")
@@ -123,7 +138,7 @@ class WordCacheEncoder:
                     return False
                 if len(self._segments) >= CACHED_WORDS:
                     self._segments.clear()
-                ids = self._segments[segment] = pieces
+                ids = self._segments[segment] = tuple(pieces)
             out.extend(ids)
             return True
         return self._words_of(segment, out)
@@ -134,17 +149,17 @@ class WordCacheEncoder:
             return False
         cache = self._cache
         pieces = list(map(cache.get, words))
-        if None in pieces:  # unseen words (a new path, a hash): tokenized one by one
-            # one word at a time: a batch would wake the tokenizer's thread pool, which costs more than a few words
-            encode = self._model.encode
-            found: dict[str, list[int]] = {}
-            for index, piece in enumerate(pieces):
-                if piece is None:
-                    word = words[index]
-                    piece = found.get(word)
-                    if piece is None:
-                        piece = found[word] = encode(word, add_special_tokens=False).ids
-                    pieces[index] = piece
+        missing = pieces.count(None)
+        if missing:  # unseen words (a new path, a hash): found by C-level scans, not a Python loop over every word
+            where: list[int] = []
+            index = -1
+            for _ in range(missing):
+                index = pieces.index(None, index + 1)
+                where.append(index)
+            unseen = list(dict.fromkeys([words[index] for index in where]))
+            found = dict(zip(unseen, map(tuple, self._encode_words(unseen)), strict=True))
+            for index in where:
+                pieces[index] = found[words[index]]
             if len(cache) + len(found) > CACHED_WORDS:  # start over, keeping this text's words
                 kept = {word: cache[word] for word in set(words).intersection(cache)}
                 cache.clear()
@@ -152,3 +167,16 @@ class WordCacheEncoder:
             cache.update(found)
         out.extend(chain.from_iterable(pieces))
         return True
+
+    def _encode_words(self, words: list[str]) -> list[list[int]]:
+        """Each word's tokens, by the tokenizer's BPE on that word alone."""
+        if len(words) == 1 or self._words_model is None:
+            # one word: the plain call. Never `encode_batch`: it wakes the tokenizer's thread pool, which costs more
+            # than a few words.
+            encode = self._model.encode
+            return [encode(word, add_special_tokens=False).ids for word in words]
+        encoding = self._words_model.encode(WORD_SEPARATOR.join(words), add_special_tokens=False)
+        tokens: list[list[int]] = [[] for _ in words]
+        for word, token in zip(encoding.word_ids, encoding.ids, strict=True):
+            tokens[word].append(token)
+        return tokens

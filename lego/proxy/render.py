@@ -104,6 +104,7 @@ class ChatRenderer:
         # A byte-level decoder's text of a sequence is its tokens' texts put together (a streamed reply is decoded
         # piece by piece).
         self.decodes_by_concatenation = self._fast_decode is not None and _decoder_type(self._fast) == "ByteLevel"
+        self._token_texts: dict[int, str] = {}  # end-of-turn token -> its text (decode_after)
         probe = [{"role": "user", "content": BOUNDARY}]
         without = self.render(probe, [], add_generation_prompt=False)
         self.generation_prompt = self.render(probe, [], add_generation_prompt=True)[len(without):]
@@ -158,6 +159,19 @@ class ChatRenderer:
         if self._fast_decode is not None:
             return self._fast_decode.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def decode_after(self, text: str, ids: list[int], longer: list[int]) -> str:
+        """`decode(longer)`, where `longer` is `ids` and one more token and `text` is `decode(ids)`. A byte-level
+        decoder's text of a sequence is its tokens' texts put together (a trailing unfinished character reads as
+        U+FFFD either way), so a reply is decoded once and its end-of-turn token's text added, not decoded again."""
+        if self.decodes_by_concatenation and len(longer) == len(ids) + 1:
+            last = longer[-1]
+            piece = self._token_texts.get(last)
+            if piece is None:
+                piece = self._token_texts[last] = self.decode([last])
+            if piece.isascii():  # whole characters alone, so nothing of the text before it changes
+                return text + piece
+        return self.decode(longer)
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool is None:

@@ -31,6 +31,7 @@ from lego.proxy.messages import ChatMessage, ToolCall
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 ARGUMENTS_KEY = re.compile(r'"arguments"\s*:\s*')
+_DECODER = json.JSONDecoder()  # json.loads's own settings; raw_decode keeps no state between calls
 
 
 @dataclass
@@ -65,16 +66,15 @@ def parse_tool_call(body: str) -> ToolCall | None:
     arguments = call.get("arguments", {})
     if not isinstance(arguments, dict):
         return None
-    raw = json.dumps(arguments, ensure_ascii=False)
     found = ARGUMENTS_KEY.search(body)
     if found:
         try:
-            value, end = json.JSONDecoder().raw_decode(body, found.end())
+            value, end = _DECODER.raw_decode(body, found.end())
         except ValueError:
             value, end = None, 0
         if value == arguments:
-            raw = body[found.end():end]
-    return ToolCall(name=call["name"], arguments=raw)
+            return ToolCall(name=call["name"], arguments=body[found.end():end])
+    return ToolCall(name=call["name"], arguments=json.dumps(arguments, ensure_ascii=False))
 
 
 def _partial_suffix(text: str, marker: str) -> int:

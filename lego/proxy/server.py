@@ -15,6 +15,7 @@ get the protocol's 400; nothing a client sends crashes the server. Streamed answ
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import secrets
@@ -54,6 +55,22 @@ class _SessionSocket:
     closed: bool = False
 
 
+_heap_frozen = False
+
+
+def _freeze_heap() -> None:
+    """Once per process: what the process built before its proxy starts (imported modules: the tokenizer's and an
+    engine's libraries, hundreds of thousands of objects) is moved out of the garbage collector's reach. Otherwise
+    every full collection, triggered by what calls leave behind every thousand calls or so, walks all of it: a
+    quarter of a second of the event loop's time each, tenths of a millisecond per call. Garbage is collected first,
+    so nothing unreachable is kept."""
+    global _heap_frozen
+    if not _heap_frozen:
+        _heap_frozen = True
+        gc.collect()
+        gc.freeze()
+
+
 POST_ROUTES = {
     "/v1/chat/completions": openai_chat,
     "/v1/messages": anthropic,
@@ -89,6 +106,7 @@ class ProxyServer:
 
     async def start(self) -> ProxyServer:
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        _freeze_heap()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         # In-flight calls of a stopping worker are abandoned quickly (their sessions are over), not awaited 60 s.

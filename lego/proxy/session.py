@@ -86,7 +86,7 @@ import numpy as np
 
 from lego.config import SamplingConfig
 from lego.engine.base import Engine, GenerateResult, SamplingParams, generate_streaming
-from lego.proxy.messages import ContextOverflowError, Conversation, RequestError
+from lego.proxy.messages import ChatMessage, ContextOverflowError, Conversation, RequestError
 from lego.proxy.render import ChatRenderer
 from lego.proxy.reply import CALL_CLOSE, Reply, parse_reply
 from lego.proxy.resend import ResentRequests
@@ -237,6 +237,7 @@ class _Plan:
     new_ids: array  # token ids (lego/proxy/render.py NewTokens)
     header: Checkpoint | None  # the end of the leading system turn on a branch built from scratch
     prompt_end: int | None  # position where the generation prompt starts
+    keys: list[str]  # the request's match keys (the plan's own list: the branch it commits to takes it)
 
 
 # Parts of a system text that change while the agent stays the same.
@@ -366,25 +367,27 @@ class Session:
                              "error", kind, new_prompt_tokens, error=f"{type(exc).__name__}: {exc}")
             raise RequestError(f"the policy engine failed: {exc}", status=500, kind="api_error") from exc
         async with self._lock:
-            branch.append(list(result.token_ids), sampled=True, logprobs=list(result.logprobs))
+            sampled = list(result.token_ids)
+            branch.append(sampled, sampled=True, logprobs=list(result.logprobs))
             branch.add_routing(result.routed_experts)
-            sampled_text = self.renderer.decode(list(result.token_ids))
-            shown = list(result.token_ids)
-            if result.finish_reason == "stop" and shown and shown[-1] in self.engine.eos_token_ids:
-                shown = shown[:-1]
+            shown = sampled
+            if result.finish_reason == "stop" and sampled and sampled[-1] in self.engine.eos_token_ids:
+                shown = sampled[:-1]
             shown_text = self.renderer.decode(shown)
+            sampled_text = shown_text if shown is sampled else self.renderer.decode_after(shown_text, shown, sampled)
             stop_sequence = result.stop_sequence if result.stop_sequence in stop else None  # not our CALL_CLOSE
             if stop_sequence and stop_sequence in shown_text:
                 # As the protocols define it, the reply ends before the stop string; the stream keeps every
                 # sampled token, so the model's next turn continues from exactly what it sampled.
                 shown_text = shown_text[: shown_text.index(stop_sequence)]
             reply = parse_reply(opening + shown_text, parse_tools=parse_tools, thinking=self.renderer.thinking)
-            branch.keys.append(reply.as_message().key())
+            message = reply.as_message()
+            branch.keys.append(message.key())
             branch.checkpoints.append(Checkpoint(len(branch.keys), len(branch.token_ids),
                                                  self.renderer.bridge_after(sampled_text)))
             branch.busy = False
             self._record(plan.thread, branch, conversation, protocol, stream, started_at, clock, len(prompt),
-                         len(result.token_ids), result.finish_reason, kind, new_prompt_tokens, reply=reply)
+                         len(sampled), result.finish_reason, kind, new_prompt_tokens, reply=message)
         return Completion(reply=reply, finish_reason=result.finish_reason, prompt_tokens=len(prompt),
                           completion_tokens=len(result.token_ids), stop_sequence=stop_sequence)
 
@@ -412,7 +415,7 @@ class Session:
             prompt_end = None
             if gen and new_ids[-len(gen):] == gen:
                 prompt_end = checkpoint.position + len(new_ids) - len(gen)
-            return _Plan(thread, branch, checkpoint, new_ids, header, prompt_end)
+            return _Plan(thread, branch, checkpoint, new_ids, header, prompt_end, keys)
         raise AssertionError("the empty checkpoint always matches")  # pragma: no cover
 
     def _thread_for(self, conversation: Conversation, keys: list[str]) -> Thread:
@@ -460,7 +463,7 @@ class Session:
             plan.thread.branches.append(branch)
             self._branches.append(branch)
             undo = (True, 0, 0, 0)
-        keys = conversation.keys()
+        keys = plan.keys
         branch.append(plan.new_ids, sampled=False)
         branch.keys = keys
         if plan.header is not None:
@@ -481,14 +484,14 @@ class Session:
     def _record(self, thread: Thread, branch: Branch | None, conversation: Conversation, protocol: str,
                 stream: bool, started_at: float, clock: float, prompt_tokens: int, completion_tokens: int,
                 finish_reason: str, kind: str, new_prompt_tokens: int, error: str | None = None,
-                reply: Reply | None = None) -> None:
+                reply: ChatMessage | None = None) -> None:
         index = len(self._calls)
         record = LLMCall(call_index=index, protocol=protocol, started_at=started_at,
                          latency_s=time.perf_counter() - clock, prompt_tokens=prompt_tokens,
                          completion_tokens=completion_tokens, finish_reason=finish_reason, segment_index=-1,
                          kind=kind, new_prompt_tokens=new_prompt_tokens, stream=stream, error=error,
                          request_json=self._requests.encode(thread.order, index, conversation),
-                         reply_json=reply_json(reply.as_message()) if reply is not None else "")
+                         reply_json=reply_json(reply) if reply is not None else "")
         self._calls.append(_Call(record, branch, thread))
 
     # ------------------------------------------------------------------------------------------ results

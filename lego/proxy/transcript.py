@@ -16,6 +16,11 @@ from typing import Any
 
 from lego.proxy.messages import ChatMessage, Conversation
 
+try:  # several times faster than json for a call's new messages (prefect depends on it)
+    from orjson import dumps as _fast_dumps
+except ImportError:  # pragma: no cover - json alone is correct, only slower
+    _fast_dumps = None
+
 
 def message_dict(message: ChatMessage) -> dict[str, Any]:
     """A message in OpenAI chat form (what MLflow's trace viewer renders as a chat)."""
@@ -31,8 +36,19 @@ def message_dict(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
+def _dumps(value: dict[str, Any]) -> str:
+    """JSON text of messages (strings and small integers only: no floats, whose spelling orjson could change):
+    orjson's compact form, or json's where orjson refuses a string (a lone surrogate). Readers parse it back."""
+    if _fast_dumps is not None:
+        try:
+            return _fast_dumps(value).decode()
+        except TypeError:  # orjson.JSONEncodeError: a string that is not valid UTF-8
+            pass
+    return json.dumps(value, ensure_ascii=False)
+
+
 def reply_json(message: ChatMessage) -> str:
-    return json.dumps(message_dict(message), ensure_ascii=False)
+    return _dumps(message_dict(message))
 
 
 @dataclass
@@ -53,12 +69,14 @@ class RequestLog:
         keep = 0
         if last is not None:
             for ours, theirs in zip(conversation.messages, last.messages, strict=False):
-                if ours != theirs:
+                # a resent history's messages are the previous request's own objects (lego/proxy/resend.py)
+                if ours is not theirs and ours != theirs:
                     break
                 keep += 1
         delta: dict[str, Any] = {"base": last.call_index if last is not None else -1, "keep": keep,
                                  "messages": [message_dict(m) for m in conversation.messages[keep:]]}
-        if last is None or conversation.tools != last.tools:
+        if last is None or (conversation.tools is not last.tools and conversation.tools != last.tools):
             delta["tools"] = conversation.tools
         self._last[thread] = _Sent(call_index, conversation.messages, conversation.tools)
-        return json.dumps(delta, ensure_ascii=False)
+        # tools are any JSON a harness sent (floats, huge integers): json writes them as it read them
+        return json.dumps(delta, ensure_ascii=False) if "tools" in delta else _dumps(delta)
