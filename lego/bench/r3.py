@@ -47,20 +47,17 @@ def _stats(train: np.ndarray, inference: np.ndarray) -> dict[str, float]:
             "max_abs_diff": float(delta.max())}
 
 
-@register("r3")
-def bench_r3(config: LegoConfig, work: WorkDir, trajectories: int = 16, max_tokens: int = 96) -> dict[str, Any]:
+def sample_from_policy(config: LegoConfig, work: WorkDir, trajectories: int, max_tokens: int):
+    """The config's policy (a seeded random-init one is written when missing) samples `trajectories` replies at
+    temperature 1 in the engine's dtype: (model path, prompts, GenerateResults with log-probs and routing)."""
     from lego.engine.checkpoint import default_model_path, init_tiny_model
     from lego.engine.tokenizer import load_tokenizer
     from lego.engine.transformers_engine import TransformersEngine
-    from lego.train.replay import routing_difference_share
-    from lego.train.trainer import token_logprobs
 
-    started = time.perf_counter()
     model_path = default_model_path(config, work)
     if not (model_path / "config.json").is_file():
         init_tiny_model(config.model.init, model_path, seed=config.project.seed)
-    tokenizer = load_tokenizer(model_path)
-    prompts = _prompts(tokenizer, trajectories)
+    prompts = _prompts(load_tokenizer(model_path), trajectories)
     engine = TransformersEngine(model_path, dtype=config.engine.dtype, device=config.engine.device,
                                 max_batch_size=config.engine.max_batch_size)
     try:
@@ -72,6 +69,16 @@ def bench_r3(config: LegoConfig, work: WorkDir, trajectories: int = 16, max_toke
         results = asyncio.run(sample())
     finally:
         engine.close()
+    return model_path, prompts, results
+
+
+@register("r3")
+def bench_r3(config: LegoConfig, work: WorkDir, trajectories: int = 16, max_tokens: int = 96) -> dict[str, Any]:
+    from lego.train.replay import routing_difference_share
+    from lego.train.trainer import token_logprobs
+
+    started = time.perf_counter()
+    model_path, prompts, results = sample_from_policy(config, work, trajectories, max_tokens)
     sampled_s = time.perf_counter() - started
 
     from lego.engine.checkpoint import load_model

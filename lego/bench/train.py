@@ -9,7 +9,6 @@ measured before the first update). `scripts/gpu_check.sh` runs it with a large m
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -17,7 +16,6 @@ import numpy as np
 
 from lego.bench import register
 from lego.config import LegoConfig
-from lego.engine.base import SamplingParams
 from lego.workdir import WorkDir
 
 
@@ -26,29 +24,12 @@ def bench_train(config: LegoConfig, work: WorkDir, trajectories: int = 8, max_to
                 steps: int = 2) -> dict[str, Any]:
     import torch
 
-    from lego.bench.r3 import _prompts
-    from lego.engine.checkpoint import default_model_path, init_tiny_model
-    from lego.engine.tokenizer import load_tokenizer
-    from lego.engine.transformers_engine import TransformersEngine
+    from lego.bench.r3 import sample_from_policy
     from lego.train.trainer import TrainBatch, Trainer
 
     started = time.perf_counter()
     device = config.engine.device
-    model_path = default_model_path(config, work)
-    if not (model_path / "config.json").is_file():
-        init_tiny_model(config.model.init, model_path, seed=config.project.seed)
-    prompts = _prompts(load_tokenizer(model_path), trajectories)
-    engine = TransformersEngine(model_path, dtype=config.engine.dtype, device=device,
-                                max_batch_size=config.engine.max_batch_size)
-    try:
-        async def sample():
-            return await asyncio.gather(*[
-                engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i))
-                for i, prompt in enumerate(prompts)])
-
-        results = asyncio.run(sample())
-    finally:
-        engine.close()
+    model_path, prompts, results = sample_from_policy(config, work, trajectories, max_tokens)
     sampled_s = time.perf_counter() - started
 
     ids, masks, logprobs, routing = [], [], [], []

@@ -528,12 +528,17 @@ class DockerSandboxFactory:
         sandbox = DockerSandbox(self.client, container, workdir, cfg)
         if proxy_socket_dir is not None and self.proxy_channel == "tunnel":
             sandbox.tunnel_socket_dir = Path(proxy_socket_dir)
-        try:
-            # As the agent: the copy is the agent's (a non-root cp keeps modes and times, not the root owner).
-            copied = sandbox.exec(f"cp -a {SNAPSHOT}/. {shlex.quote(workdir)}/", timeout=300, workdir="/")
-            if copied.exit_code != 0:
-                raise SandboxError(f"copying the repository into {sandbox.name} failed: {tail(copied.output)}")
-        except BaseException:
-            sandbox.close()
-            raise
-        return sandbox
+        return copy_pristine_repository(sandbox, workdir)
+
+
+def copy_pristine_repository(sandbox: DockerSandbox, workdir: str) -> DockerSandbox:
+    """The agent's writable copy of the pristine snapshot at `workdir`; the sandbox is closed when that fails."""
+    try:
+        # As the agent: the copy is the agent's (a non-root cp keeps modes and times, not the root owner).
+        copied = sandbox.exec(f"cp -a {SNAPSHOT}/. {shlex.quote(workdir)}/", timeout=300, workdir="/")
+        if copied.exit_code != 0:
+            raise SandboxError(f"copying the repository into {sandbox.name} failed: {tail(copied.output)}")
+    except BaseException:
+        sandbox.close()
+        raise
+    return sandbox

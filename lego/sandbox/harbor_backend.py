@@ -33,7 +33,6 @@ import json
 import os
 import queue
 import secrets
-import shlex
 import shutil
 import socket
 import subprocess
@@ -47,7 +46,7 @@ from docker.errors import APIError, DockerException
 
 from lego.config import HarborSandboxConfig, SandboxConfig
 from lego.errors import LegoError, tail
-from lego.sandbox import SNAPSHOT, SandboxError
+from lego.sandbox import SandboxError
 from lego.sandbox.docker_sandbox import (
     AGENT_HOME,
     AGENT_UID,
@@ -55,6 +54,7 @@ from lego.sandbox.docker_sandbox import (
     KEEPER_USER,
     LABEL,
     DockerSandbox,
+    copy_pristine_repository,
     reap_stale_containers,
 )
 from lego.sandbox.harbor_env import harbor_process_env, harbor_venv
@@ -234,14 +234,7 @@ class HarborSandboxFactory:
             # The tunnel, always: Harbor owns the container's mounts, and the engine need not share this machine's
             # file system; the session's socket stays the only place the relay's connections go.
             sandbox.tunnel_socket_dir = Path(proxy_socket_dir)
-        try:
-            copied = sandbox.exec(f"cp -a {SNAPSHOT}/. {shlex.quote(workdir)}/", timeout=300, workdir="/")
-            if copied.exit_code != 0:
-                raise SandboxError(f"copying the repository into {sandbox.name} failed: {tail(copied.output)}")
-        except BaseException:
-            sandbox.close()
-            raise
-        return sandbox
+        return copy_pristine_repository(sandbox, workdir)
 
     def _started(self, bridge: _Bridge, task: Task, workdir: str, scratch: Path, session_id: str) -> HarborSandbox:
         answer = bridge.next_report(self.harbor.start_timeout_s + 60)
