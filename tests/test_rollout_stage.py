@@ -90,8 +90,7 @@ def test_sigkill_mid_stage_then_rerun_loses_and_duplicates_nothing(tmp_path, doc
     assert sorted(rows) == sorted(expected)  # every rollout once: none lost, none twice
     # The killed process's sandbox is reaped when a factory starts.
     DockerSandboxFactory(docker_engine.client, __import__("lego.config", fromlist=["SandboxConfig"]).SandboxConfig())
-    dead_owner = [c for c in docker_engine.client.containers.list(all=True, filters={"label": LABEL})
-                  if c.labels.get("lego.owner_pid") == str(first.pid)]
+    dead_owner = docker_engine.client.api.containers(all=True, filters={"label": [LABEL, f"lego.owner_pid={first.pid}"]})
     assert dead_owner == []
 
 

@@ -122,14 +122,16 @@ def reap_stale_containers(client: docker.DockerClient) -> list[str]:
     """Remove sandboxes whose owner process (on this host) is gone. Returns their names."""
     reaped = []
     host = socket.gethostname()
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        labels = container.labels
+    # The low-level list reads every container's labels in one call; the high-level one inspects each container
+    # after listing, and a sandbox that another process closes in between would fail the whole reap (NotFound).
+    for container in client.api.containers(all=True, filters={"label": LABEL}):
+        labels = container.get("Labels") or {}
         owner = int(labels.get("lego.owner_pid", "0") or 0)
         if labels.get("lego.host") == host and owner and _pid_alive(owner):
             continue
         try:
-            container.remove(force=True)
-            reaped.append(container.name)
+            client.api.remove_container(container["Id"], force=True)
+            reaped.append((container.get("Names") or [container["Id"]])[0].lstrip("/"))
         except NotFound:
             pass
     return reaped
