@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from lego.config import SamplingConfig
 from lego.engine.base import EngineWrapper, GenerateResult, SamplingParams
@@ -162,3 +163,13 @@ def check_fidelity(session, engine) -> tuple[list, list]:
     assert final.thread == "main"
     assert final.token_ids.tolist() == engine.prompts[index] + engine.results[index].token_ids
     return segments, calls
+
+
+@pytest.fixture()
+def proxy(tokenizer):
+    """A proxy in a background thread over a ScriptedEngine (reachable as `.engine`), replies capped at 32 tokens."""
+    engine = ScriptedEngine(tokenizer)
+    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=32))
+    background.engine = engine
+    yield background
+    background.close()

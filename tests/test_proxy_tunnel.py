@@ -1,16 +1,16 @@
 """Issue 14: the proxy tunnel. A sandbox reaches its own proxy session over the engine's exec stream, with no bind
 mount (so the engine may be on another machine) and no network: its own session answers, no other session does,
 the agent can neither stop nor replace the relay, and what the harness is served is recorded by the proxy."""
+# ruff: noqa: F811  (the `proxy` fixture imported from proxy_doubles is a parameter here)
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from proxy_doubles import BackgroundProxy, ScriptedEngine
+from proxy_doubles import BackgroundProxy, ScriptedEngine, proxy  # noqa: F401  (the fixture)
 from test_sandbox_isolation import PROBE, status_in
 
-from lego.config import SamplingConfig
 from lego.sandbox.docker_sandbox import KEEPER_UID, PROXY_MOUNT, DockerSandboxFactory
 
 pytestmark = pytest.mark.docker
@@ -18,14 +18,6 @@ pytestmark = pytest.mark.docker
 RELAY_PORT = 18080
 CHAT = json.dumps({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hello"}]})
 
-
-@pytest.fixture()
-def proxy(tokenizer):
-    engine = ScriptedEngine(tokenizer)
-    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=32))
-    background.engine = engine
-    yield background
-    background.close()
 
 
 @pytest.fixture(scope="module")

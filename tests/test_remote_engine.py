@@ -7,6 +7,7 @@ not work there; `docker.proxy_channel: auto` picks the tunnel for it (a TCP engi
 on it reaches its own proxy session and no other, with network mode none, and what it is served is recorded by the
 proxy; a rollout of a harness beside the sandbox (mini-swe-agent) runs on it with its tokens recorded.
 """
+# ruff: noqa: F811  (the `proxy` fixture imported from proxy_doubles is a parameter here)
 
 from __future__ import annotations
 
@@ -19,11 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-from proxy_doubles import BackgroundProxy, ScriptedEngine
+from proxy_doubles import BackgroundProxy, ScriptedEngine, proxy  # noqa: F401  (the fixture)
 from test_proxy_tunnel import CHAT, chat_in
 from test_sandbox_isolation import status_in
 
-from lego.config import SamplingConfig
 from lego.sandbox.docker_sandbox import KEEPER_UID, DockerSandboxFactory
 
 pytestmark = pytest.mark.docker
@@ -113,14 +113,6 @@ def remote_engine(docker_engine, base_image, calc_image, tmp_path_factory):
             pass
         outer.close()
 
-
-@pytest.fixture()
-def proxy(tokenizer):
-    engine = ScriptedEngine(tokenizer)
-    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=32))
-    background.engine = engine
-    yield background
-    background.close()
 
 
 def test_a_sandbox_on_a_remote_engine_reaches_its_own_session_through_the_tunnel(remote_engine, lego_config,

@@ -5,6 +5,7 @@ Each sandbox gets a unix socket of its own session, in a directory of its own, m
 uid (the relay's) may connect to it. The agent runs as AGENT_UID and owns the repository; the container's main
 process and the relay run as KEEPER_UID.
 """
+# ruff: noqa: F811  (the `proxy` fixture imported from proxy_doubles is a parameter here)
 
 from __future__ import annotations
 
@@ -14,21 +15,12 @@ import time
 
 import httpx
 import pytest
-from proxy_doubles import BackgroundProxy, ScriptedEngine
+from proxy_doubles import BackgroundProxy, ScriptedEngine, proxy  # noqa: F401  (the fixture)
 
-from lego.config import SamplingConfig
 from lego.sandbox.docker_sandbox import AGENT_HOME, AGENT_UID, KEEPER_UID, PROXY_MOUNT, SandboxError
 
 RELAY_PORT = 18080
 
-
-@pytest.fixture()
-def proxy(tokenizer):
-    engine = ScriptedEngine(tokenizer)
-    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=32))
-    background.engine = engine
-    yield background
-    background.close()
 
 
 def own_session(proxy: BackgroundProxy):

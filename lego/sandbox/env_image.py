@@ -21,6 +21,7 @@ from docker.errors import APIError, DockerException, ImageNotFound
 
 from lego.cache import content_hash
 from lego.errors import ImageBuildError, tail
+from lego.sandbox.image import commit_build_container, remove_build_container
 from lego.tasksets.environment import EnvironmentSpec
 from lego.tasksets.packages import PackageFetchError, debian_archives, python_tag, wheelhouse
 
@@ -98,18 +99,11 @@ def ensure_env_image(client: docker.DockerClient, spec: EnvironmentSpec, source_
         steps.append(f"rm -rf {STAGE}")
         steps += [f"(cd / && {command})" for command in spec.setup]
         _exec(container, "\n".join(steps), f"installing the environment {spec.key()} ({_describe(spec)}) offline")
-        container.stop(timeout=1)
-        repository, version = tag.split(":")
-        container.commit(repository=repository, tag=version,
-                         conf={"Labels": {"lego.env": spec.model_dump_json(), "lego.source_image": source_image},
-                               "Cmd": ["sleep", "infinity"]})
+        commit_build_container(container, tag, {"lego.env": spec.model_dump_json(), "lego.source_image": source_image})
     except (APIError, DockerException) as exc:
         raise ImageBuildError(f"building the environment image {tag} failed: {exc}") from exc
     finally:
-        try:
-            container.remove(force=True)
-        except (APIError, DockerException):
-            pass
+        remove_build_container(container)
     return tag
 
 

@@ -22,6 +22,7 @@ from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 
 from lego.cache import content_hash
 from lego.errors import ImageBuildError, tail
+from lego.sandbox.image import commit_build_container, remove_build_container
 from lego.tasksets.task import Task, is_harbor_task
 
 HARBOR_ENV_REPOSITORY = "lego-harbor-env"
@@ -81,16 +82,9 @@ def harbor_sandbox_task(client: docker.DockerClient, task: Task) -> Task:
             raise ImageBuildError(
                 f"Harbor task {task.instance_id}: committing {env.workdir} in its environment failed (exit {code}): "
                 f"{tail(output.decode(errors='replace'))}. Lego needs bash and git in a Harbor environment image")
-        container.stop(timeout=1)
-        repository, version = tag.split(":")
-        container.commit(repository=repository, tag=version,
-                         conf={"Labels": {"lego.task": task.instance_id}, "Cmd": ["sleep", "infinity"],
-                               "Entrypoint": [], "User": "0"})
+        commit_build_container(container, tag, {"lego.task": task.instance_id}, Entrypoint=[], User="0")
     except (APIError, DockerException) as exc:
         raise ImageBuildError(f"Harbor task {task.instance_id}: preparing its environment failed: {exc}") from exc
     finally:
-        try:
-            container.remove(force=True)
-        except (APIError, DockerException):
-            pass
+        remove_build_container(container)
     return served

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import docker
-from docker.errors import ImageNotFound
+from docker.errors import APIError, DockerException, ImageNotFound
 from rich.console import Console
 
 from lego.cache import cache_dir, content_hash
@@ -136,3 +136,19 @@ def ensure_base_image(client: docker.DockerClient, config: DockerConfig, console
     if not image_exists(client, tag):
         raise ImageBuildError(f"docker import reported success but {tag} is not in the engine")
     return tag
+
+
+def commit_build_container(container, tag: str, labels: dict[str, str], **conf) -> None:
+    """Stop a container that prepared an image and commit it as `tag`; sandboxes started from it idle
+    (`sleep infinity`) until Lego execs into them."""
+    container.stop(timeout=1)
+    repository, version = tag.split(":")
+    container.commit(repository=repository, tag=version, conf={"Labels": labels, "Cmd": ["sleep", "infinity"], **conf})
+
+
+def remove_build_container(container) -> None:
+    """Remove a build container whatever became of it: its image is committed or its failure already reported."""
+    try:
+        container.remove(force=True)
+    except (APIError, DockerException):
+        pass

@@ -22,6 +22,7 @@ from lego.cache import content_hash, sha256_file
 from lego.errors import ImageBuildError, LegoError, tail
 from lego.sandbox import SNAPSHOT
 from lego.sandbox.env_image import ensure_env_image, env_image_tag
+from lego.sandbox.image import commit_build_container, remove_build_container
 from lego.tasksets.task import Task
 
 TASK_REPOSITORY = "lego-task"
@@ -149,17 +150,10 @@ def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str) 
                 f"task {task.instance_id}: preparing the repository at {task.base_commit} failed "
                 f"(exit {code}): {tail(output.decode(errors='replace'))}"
             )
-        container.stop(timeout=1)
-        repository, version = tag.split(":")
-        container.commit(repository=repository, tag=version,
-                         conf={"Labels": {"lego.task": task.instance_id,
-                                          "lego.meta": json.dumps({"base_commit": task.base_commit})},
-                               "Cmd": ["sleep", "infinity"]})
+        commit_build_container(container, tag, {"lego.task": task.instance_id,
+                                                "lego.meta": json.dumps({"base_commit": task.base_commit})})
     except (APIError, DockerException) as exc:
         raise ImageBuildError(f"task {task.instance_id}: building its image failed: {exc}") from exc
     finally:
-        try:
-            container.remove(force=True)
-        except (APIError, DockerException):
-            pass
+        remove_build_container(container)
     return tag
