@@ -111,3 +111,23 @@ def test_the_test_command_is_read_as_pytest_with_its_variables():
     assert pytest_command_of(task) == ({"PYTHONPATH": "src", "LANG": "C.UTF-8"}, ["-x", "-p", "no:foo"])
     with pytest.raises(UnsupportedTestCommand, match="not a pytest command"):
         pytest_command_of(TASK.model_copy(update={"test_command": "./runtests.py --verbose"}))
+
+
+XFAILED = {"ours": {"setup": ["ok"], "call": ["raised"], "teardown": ["ok"]},
+           "pytest": {"setup": ["passed"], "call": ["skipped"], "teardown": ["passed"]}}
+
+
+def test_an_expected_failure_beside_the_graded_tests_is_not_tampering():
+    """xfail raises and pytest reports it skipped with exit 0: a real suite's normal run, not a forged 0."""
+    tests = {**both(), "tests/test_a.py::test_known_bug": XFAILED}
+    resolved, rules, _, _ = judge_report(report(run(tests=tests, end_rc=0), honest_alone()), TASK)
+    assert resolved and "grading_tampered" not in rules
+
+
+@pytest.mark.parametrize("hidden", ["fix", "old"])
+def test_a_graded_test_turned_into_a_skip_never_resolves(hidden):
+    """A patch whose code raises pytest's skip or xfail inside a graded test hides its failure as a skip: the exit 0
+    is no longer tampering, and the skipped test is still not passed."""
+    tests = both(fix=XFAILED) if hidden == "fix" else both(old=XFAILED)
+    resolved, _, evidence, _ = judge_report(report(run(tests=tests, end_rc=0), honest_alone()), TASK)
+    assert not resolved and evidence["resolution"] != "RESOLVED_FULL"
