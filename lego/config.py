@@ -182,6 +182,10 @@ class TrainConfig(Section):
     # Where a rollout's advantage goes among its sampled tokens (lego/train/credit.py): `sequence`, GRPO's, every
     # token the same; `forks`, the same total moved to the tokens where the group's outcomes split.
     credit: Literal["sequence", "forks"] = "sequence"
+    # The weight of negative advantages in the policy loss. 1: GRPO as verl computes it. Below 1, the rollouts that
+    # did worse than their group push less (asymmetric REINFORCE); 0 learns from the rollouts that did better only,
+    # which on 0/1 rewards is REINFORCE with a zero baseline (rejection-sampling fine-tuning, RAFT).
+    negative_advantage_weight: float = Field(1.0, ge=0, le=1)
 
 
 class WarmStartConfig(Section):

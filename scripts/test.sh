@@ -20,7 +20,7 @@ if [ "$WORKERS" -gt 1 ]; then
   export DOCKER_HOST="$engine"
   parallel=(-n "$WORKERS" --dist loadfile)
 fi
-.venv/bin/pytest -q -rs "${parallel[@]}" "$@"
+.venv/bin/pytest -q -rs --durations=25 "${parallel[@]}" "$@"
 rc=$?
 .venv/bin/lego docker down -c test >/dev/null 2>&1 || true
 if [ $rc -eq 5 ]; then

@@ -138,3 +138,31 @@ def test_the_engine_serves_the_new_policy_version(tiny_model_path, sampled, tmp_
     mask = [m.astype(bool) for m in batch.response_mask[:2]]
     moves = [float(served_after[i][mask[i]].mean() - served_before[i][mask[i]].mean()) for i in range(2)]
     assert moves[0] > MOVE and moves[1] < -MOVE, moves
+
+
+def test_negative_advantages_are_scaled_by_their_weight(tiny_model_path, sampled):
+    """At weight 0 only the rollouts above their group's mean are computed and the rest keep their place in the
+    loss's denominators: the step equals one where their advantages were 0. At 0.5 the step lies between."""
+    per_token = np.where(sampled.response_mask[1] > 0, -2.0, 0.0).astype(np.float32)
+    batch = with_advantages(sampled, [1.0, per_token, 0.0])
+    halved = batch.with_negative_advantages_scaled(0.5)
+    assert halved.advantages[0] == 1.0 and halved.advantages[2] == 0.0
+    np.testing.assert_array_equal(halved.advantages[1], per_token / 2)
+
+    def moved(weight: float, advantages: list) -> tuple[list[float], dict]:
+        trainer = Trainer(tiny_model_path, TrainConfig(lr=LR, negative_advantage_weight=weight,
+                                                       measure_routing_drift=False))
+        given = with_advantages(sampled, advantages)
+        before = [mean_sampled_logprob(trainer, given, i) for i in range(2)]
+        metrics = trainer.step(given)
+        return [mean_sampled_logprob(trainer, given, i) - before[i] for i in range(2)], metrics
+
+    positives_only, metrics = moved(0.0, [1.0, per_token, 0.0])
+    assert (metrics["sequences_with_signal"], metrics["sequences_trained"]) == (2, 1)
+    assert metrics["groups_with_signal"] == 1  # the group had variance; only its better rollout was computed
+    zeroed, _ = moved(1.0, [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(positives_only, zeroed, atol=1e-6)
+    assert positives_only[0] > MOVE
+    half, _ = moved(0.5, [1.0, per_token, 0.0])
+    full, _ = moved(1.0, [1.0, per_token, 0.0])
+    assert full[1] < half[1] < positives_only[1]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +147,16 @@ class TrainBatch:
                 per_token = np.abs(np.asarray(advantage, dtype=np.float64)[1:][labels])
                 flags.append(bool((per_token > SIGNAL_EPSILON).any()))
         return flags
+
+    def with_negative_advantages_scaled(self, weight: float) -> TrainBatch:
+        """The same batch with every negative advantage (per sequence or per token) times `weight`."""
+        def scaled(advantage):
+            if np.isscalar(advantage):
+                return float(advantage) * weight if advantage < 0 else advantage
+            values = np.asarray(advantage, dtype=np.float32)
+            return np.where(values < 0, values * np.float32(weight), values)
+
+        return replace(self, advantages=[scaled(advantage) for advantage in self.advantages])
 
 
 @dataclass
@@ -392,15 +402,20 @@ class Trainer:
         Metrics: the loss terms and diagnostics of the first epoch over the trained sequences (`trained_sequences`),
         the signal counts (`signal_counts`), and `optimizer_steps`: 0 when no sequence was left to train (then
         nothing was computed and the weights are unchanged), else `epochs`. Each optimizer step's own metrics
-        (every epoch's) are appended to `history`.
+        (every epoch's) are appended to `history`. With `negative_advantage_weight` below 1, negative advantages are
+        scaled by it first (at 0, rollouts below their group's mean are not computed at all); the signal counts are
+        the batch's own, before scaling.
         """
         from verl.trainer.ppo.core_algos import kl_penalty
         from verl.utils.torch_functional import masked_mean
 
         if len(batch) == 0:
             raise TrainError("empty TrainBatch")
+        given = batch
+        if self.config.negative_advantage_weight != 1.0:
+            batch = batch.with_negative_advantages_scaled(self.config.negative_advantage_weight)
         trained = trained_sequences(batch, self.config)
-        counts = signal_counts(batch, trained)
+        counts = signal_counts(given, trained)
         skipped_tokens = float(sum(batch.label_tokens(i) for i in set(range(len(batch))) - set(trained)))
         if not trained:
             # The policy loss of zero advantages is exactly 0 and its gradient too: no optimizer step, so weight
