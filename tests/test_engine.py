@@ -82,6 +82,16 @@ def test_logprobs_are_temperature_one_and_match_a_scoring_forward(fp32_engine, p
     scored = run(fp32_engine.score(PROMPT + result.token_ids))
     assert scored[0] == 0.0 and len(scored) == len(PROMPT) + len(result.token_ids)
     np.testing.assert_allclose(scored[len(PROMPT):], result.logprobs, atol=1e-4)
+    # Scoring only the reply (the LM head over its positions alone) gives the same values and the same routing.
+    ids = PROMPT + result.token_ids
+    whole, whole_routing = run(fp32_engine.score_with_routing(ids))
+    tail, tail_routing = run(fp32_engine.score_with_routing(ids, first=len(PROMPT)))
+    assert len(tail) == len(result.token_ids)
+    np.testing.assert_allclose(tail, whole[len(PROMPT):], atol=1e-5)
+    np.testing.assert_array_equal(tail_routing, whole_routing)
+    assert run(fp32_engine.score_with_routing(ids, first=len(ids)))[0] == []
+    with pytest.raises(ValueError, match="outside"):
+        run(fp32_engine.score_with_routing(ids, first=len(ids) + 1))
 
 
 def test_routing_covers_prompt_and_generated_tokens_and_matches_the_routers(fp32_engine, plain_model):

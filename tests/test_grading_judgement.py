@@ -131,3 +131,24 @@ def test_a_graded_test_turned_into_a_skip_never_resolves(hidden):
     tests = both(fix=XFAILED) if hidden == "fix" else both(old=XFAILED)
     resolved, _, evidence, _ = judge_report(report(run(tests=tests, end_rc=0), honest_alone()), TASK)
     assert not resolved and evidence["resolution"] != "RESOLVED_FULL"
+
+
+def test_the_runner_skips_alone_runs_exactly_when_the_grader_could_not_resolve():
+    """The runner (which cannot import the grader) decides "passed" by the same rule as `status_of_test`, so skipping
+    the alone runs never turns a resolution into a failure; and a report without them never resolves."""
+    from itertools import product
+
+    from lego.verify.runner.lego_grade import passed_in
+
+    phases = {"ours": ("ok", "raised", "skipped", None), "pytest": ("passed", "failed", "skipped", None)}
+    for ours_call, reported_call, ours_teardown in product(phases["ours"], phases["pytest"], phases["ours"]):
+        entry = {"ours": {"setup": ["ok"], **({"call": [ours_call]} if ours_call else {}),
+                          **({"teardown": [ours_teardown]} if ours_teardown else {})},
+                 "pytest": {"setup": ["passed"], **({"call": [reported_call]} if reported_call else {})}}
+        assert passed_in({"tests": {"t": entry}}, "t") == (status_of_test(entry) == "passed"), entry
+    assert not passed_in({"tests": {}}, "t") and status_of_test(None) != "passed"
+    resolved, _, evidence, _ = judge_report({**report(run(tests=both(old=FAILED), end_rc=1, exit_code=1)),
+                                             "alone_skipped": "tests/test_a.py::test_old did not pass"}, TASK)
+    assert not resolved and evidence["alone_skipped"].startswith("tests/test_a.py::test_old")
+    resolved, _, _, _ = judge_report(report(run(tests=both())), TASK)  # every test passed, but no alone run
+    assert not resolved

@@ -19,7 +19,7 @@ DEFAULT_FINAL_TEXT = "I am done."
 
 class ScriptedEngine(EngineWrapper):
     def __init__(self, inner, tokenizer, script: list[str], final_text: str = DEFAULT_FINAL_TEXT) -> None:
-        """`inner`: a scorer with `score_with_routing(ids)` (TransformersEngine); `tokenizer`: its tokenizer."""
+        """`inner`: a scorer with `score_with_routing(ids, first)` (TransformersEngine); `tokenizer`: its tokenizer."""
         super().__init__(inner)
         self.tokenizer = tokenizer
         self.script = list(script)
@@ -61,7 +61,7 @@ class ScriptedEngine(EngineWrapper):
 
     async def _scored(self, prompt_ids: list[int], response: list[int], finish_reason: str,
                       stop_sequence: str | None) -> GenerateResult:
-        logprobs, routed = await self.inner.score_with_routing(list(prompt_ids) + response)
-        return GenerateResult(token_ids=response, logprobs=logprobs[len(prompt_ids):], routed_experts=routed,
+        logprobs, routed = await self.inner.score_with_routing(list(prompt_ids) + response, first=len(prompt_ids))
+        return GenerateResult(token_ids=response, logprobs=logprobs, routed_experts=routed,
                               finish_reason=finish_reason, prompt_tokens=len(prompt_ids),
                               stop_sequence=stop_sequence)

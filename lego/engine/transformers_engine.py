@@ -203,9 +203,13 @@ class TransformersEngine:
         logprobs, _ = await self.score_with_routing(token_ids)
         return logprobs
 
-    async def score_with_routing(self, token_ids: list[int]) -> tuple[list[float], np.ndarray | None]:
-        """Per-token log-probs (position 0 -> 0.0) and the routing of every token, from one forward pass."""
-        return await self.call(lambda: self._score(list(token_ids)))
+    async def score_with_routing(self, token_ids: list[int], first: int = 0) -> tuple[list[float], np.ndarray | None]:
+        """Log-probs of `token_ids[first:]` (position 0 has no predecessor: 0.0) and the routing of every token,
+        from one forward pass. Only the scored positions go through the LM head: a scripted reply after a harness's
+        long prompt costs the prompt's forward, not a vocabulary projection of every prompt token."""
+        if not 0 <= first <= len(token_ids):
+            raise ValueError(f"first={first} is outside the {len(token_ids)} tokens to score")
+        return await self.call(lambda: self._score(list(token_ids), first))
 
     async def call(self, function):
         """Run `function()` on the model's thread (between batches) and await its result."""
@@ -276,20 +280,21 @@ class TransformersEngine:
         self.policy_version = policy_version
 
     @torch.no_grad()
-    def _score(self, token_ids: list[int]) -> tuple[list[float], np.ndarray | None]:
+    def _score(self, token_ids: list[int], first: int = 0) -> tuple[list[float], np.ndarray | None]:
         ids = torch.tensor([token_ids], device=self.device)
         # The LM head runs in chunks: full [tokens, vocab] float logits of a 25k-token harness prompt
         # (Claude Code) would take ~15 GB.
         hidden = self.model.model(input_ids=ids).last_hidden_state[0]
         routing = self.recorder.take(1, len(token_ids))
-        targets = ids[0, 1:]
+        start = max(first, 1)  # the first scored token; hidden state start - 1 predicts it
+        targets = ids[0, start:]
         pieces = []
-        for start in range(0, len(token_ids) - 1, SCORE_CHUNK):
-            logits = self.model.lm_head(hidden[start:start + SCORE_CHUNK]).float()
-            chunk = targets[start:start + SCORE_CHUNK]
-            pieces.append(torch.log_softmax(logits[: len(chunk)], dim=-1).gather(-1, chunk[:, None])[:, 0])
+        for offset in range(0, len(targets), SCORE_CHUNK):
+            chunk = targets[offset:offset + SCORE_CHUNK]
+            logits = self.model.lm_head(hidden[start - 1 + offset:start - 1 + offset + len(chunk)]).float()
+            pieces.append(torch.log_softmax(logits, dim=-1).gather(-1, chunk[:, None])[:, 0])
         logprobs = torch.cat(pieces) if pieces else torch.zeros(0)
-        values = [0.0] + logprobs.cpu().tolist()
+        values = ([0.0] if first == 0 and token_ids else []) + logprobs.cpu().tolist()
         return values, (routing[0].numpy() if routing is not None else None)
 
     @torch.no_grad()

@@ -119,7 +119,8 @@ def _config_overlay(task: Task) -> str | None:
 
 
 def status_of_test(entry: dict | None) -> str:
-    """passed | failed | skipped | forged | missing, from both views of one test in one run."""
+    """passed | failed | skipped | forged | missing, from both views of one test in one run. The runner's
+    `passed_in` is the same rule for "passed": it skips the alone runs when a graded test did not pass."""
     if not entry:
         return "missing"
     ours = {when: states[-1] for when, states in entry.get("ours", {}).items()}
@@ -239,6 +240,8 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
         evidence["skip_reasons"] = skipped
     if full.get("collect_errors"):
         evidence["collect_errors"] = full["collect_errors"][:20]
+    if report.get("alone_skipped"):
+        evidence["alone_skipped"] = report["alone_skipped"]
     evidence.update(report=report_view, statuses=statuses, alone=alone, tests_seen=len(tests),
                     resolution="RESOLVED_FULL" if resolved else ("RESOLVED_PARTIAL" if f2p_passed else "RESOLVED_NO"))
     if disagree:

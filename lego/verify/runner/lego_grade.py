@@ -282,6 +282,18 @@ def collect(read_end: int, pid: int, timeout: float):
     return records, timed_out, status
 
 
+def passed_in(run: dict, test: str) -> bool:
+    """Whether `test` passed in `run` as the grader judges it (`grader.status_of_test`): every phase observed to
+    end ok and pytest reporting it passed."""
+    entry = run.get("tests", {}).get(test)
+    if not entry:
+        return False
+    ours = {when: states[-1] for when, states in entry.get("ours", {}).items()}
+    reported = {when: outcomes[-1] for when, outcomes in entry.get("pytest", {}).items()}
+    return (all(ours.get(when) == "ok" for when in ("setup", "call", "teardown")) and bool(reported)
+            and all(outcome == "passed" for outcome in reported.values()) and reported.get("call") == "passed")
+
+
 def summarize(records: list[dict], pid: int) -> dict:
     tests: dict[str, dict] = {}
     result: dict = {"tests": tests, "tamper": [], "defeaters": [], "collect_errors": [], "collected": None,
@@ -446,7 +458,13 @@ def main() -> None:
     ctx["protected_state"] = file_state(ctx["protected"])
     tamper.install()
     runs = [run_child("full", [*base_args, *test_args], spec["timeout_s"], spec, ctx)]
-    if spec.get("isolate_fail_to_pass", True) and not runs[0]["timed_out"]:
+    # Each FAIL_TO_PASS test alone can only confirm a resolution: when a graded test did not pass in the full run,
+    # the patch resolves nothing whatever the alone runs say, so they are not run (one interpreter per test).
+    unpassed = next((test for test in [*spec["fail_to_pass"], *spec.get("pass_to_pass", [])]
+                     if not passed_in(runs[0], test)), None)
+    if unpassed is not None:
+        report["alone_skipped"] = f"{unpassed} did not pass in the full run"
+    elif spec.get("isolate_fail_to_pass", True) and not runs[0]["timed_out"]:
         for index, test in enumerate(spec["fail_to_pass"]):
             runs.append(run_child(f"alone-{index}", [*base_args, test], spec["timeout_s"], spec, ctx))
             runs[-1]["test"] = test
