@@ -195,6 +195,10 @@ class WarmStartConfig(Section):
 
     enabled: bool = False
     steps: int = Field(200, ge=1)  # optimizer steps, each on one demonstration (cycled in a seeded order)
+    # Stop at the end of the first pass over the demonstrations whose mean loss (per sampled token) is at most this;
+    # `steps` is then the most it may take. Memorization sets in abruptly and at a step count that varies from run
+    # to run, so a loss lands the policy at a more repeatable resolved rate than a step count does.
+    stop_at_loss: float | None = Field(None, gt=0)
     lr: float = Field(1e-3, gt=0)
     grad_clip: float = Field(1.0, gt=0)
 

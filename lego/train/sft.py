@@ -28,9 +28,10 @@ class NoDemonstrations(LegoError):
 def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], settings: WarmStartConfig,
               out_dir: str | Path, *, device: str = "cpu", seed: int = 0,
               on_step: Callable[[int, dict[str, float]], None] | None = None) -> tuple[Path, list[dict[str, float]]]:
-    """Fine-tune the policy at `model_path` on `samples` for `settings.steps` steps; the result is saved to
-    `out_dir` as the next policy version. Returns the checkpoint and each step's metrics (loss, mean log-prob and
-    accuracy of the sampled tokens, seconds)."""
+    """Fine-tune the policy at `model_path` on `samples` for `settings.steps` steps, or fewer: with
+    `settings.stop_at_loss`, it stops at the end of the first pass over the demonstrations (one step each) whose
+    mean loss is at most that. The result is saved to `out_dir` as the next policy version. Returns the checkpoint
+    and each step's metrics (loss, mean log-prob and accuracy of the sampled tokens, seconds)."""
     from lego.train.trainer import TrainBatch, Trainer, collate, token_logprobs
 
     usable = [sample for sample in samples if int(np.asarray(sample.response_mask)[1:].sum()) > 0]
@@ -67,5 +68,9 @@ def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], setting
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
-    trainer.steps += settings.steps  # the checkpoint's count goes on (Trainer starts from it)
+        if not order and settings.stop_at_loss is not None and len(history) >= len(usable):
+            pass_loss = sum(entry["loss"] for entry in history[-len(usable):]) / len(usable)
+            if pass_loss <= settings.stop_at_loss:
+                break
+    trainer.steps += len(history)  # the checkpoint's count goes on (Trainer starts from it)
     return trainer.save(out_dir), history

@@ -1,0 +1,39 @@
+"""The warm start's fine-tuning on the real tiny Qwen3-MoE: a fixed number of steps, or fewer when a pass over the
+demonstrations reaches `warmstart.stop_at_loss`."""
+# ruff: noqa: F811  (pytest fixtures imported from fixtures_model are parameters here)
+
+from __future__ import annotations
+
+import numpy as np
+from fixtures_model import tiny_model_path  # noqa: F401
+
+from lego.config import WarmStartConfig
+from lego.data.batches import TrainingSample
+from lego.train.sft import fine_tune
+from lego.train.trainer import checkpoint_train_steps
+
+
+def demonstration(index: int) -> TrainingSample:
+    prompt = [151644, 872, 198, 9707 + index, 151645, 198, 151644, 77091, 198]
+    reply = [785 + index, 4226, 374, 220, 19, 13, 151645]
+    ids = np.array(prompt + reply, dtype=np.int32)
+    mask = np.array([0] * len(prompt) + [1] * len(reply), dtype=np.uint8)
+    return TrainingSample(rollout_id=f"r{index}", task_id=f"t{index}", iteration=0, segment_index=0, thread="main",
+                          token_ids=ids, response_mask=mask, logprobs=np.zeros(len(ids), np.float32), advantage=1.0,
+                          routed_experts=None, reward=1.0, is_cheat=False, policy_version=0)
+
+
+def test_fine_tuning_stops_at_the_first_pass_whose_mean_loss_reaches_the_target(tiny_model_path, tmp_path):
+    samples = [demonstration(0), demonstration(1)]
+    _, fixed = fine_tune(tiny_model_path, samples, WarmStartConfig(steps=24, lr=1e-2), tmp_path / "fixed")
+    assert len(fixed) == 24
+    losses = [step["loss"] for step in fixed]
+    passes = [(losses[i] + losses[i + 1]) / 2 for i in range(0, 24, 2)]
+    target = passes[len(passes) // 2]  # reached halfway (or earlier) by the same seeded run
+    first = next(i for i, loss in enumerate(passes) if loss <= target)
+    assert first < len(passes) - 1
+    checkpoint, stopped = fine_tune(tiny_model_path, samples, WarmStartConfig(steps=24, lr=1e-2, stop_at_loss=target),
+                                    tmp_path / "stopped")
+    assert len(stopped) == 2 * (first + 1)  # whole passes only
+    np.testing.assert_allclose([step["loss"] for step in stopped], losses[:len(stopped)], rtol=1e-4)
+    assert checkpoint_train_steps(checkpoint) == len(stopped)
