@@ -61,6 +61,9 @@ def run_warmstart_stage(ctx: StageContext, tasks_result: StageResult, policy: Po
                                         device=ctx.config.engine.device, seed=ctx.config.project.seed,
                                         on_step=on_step)
         (directory / "sft_steps.json").write_text(json.dumps(history))
+        if len(history) < ctx.config.warmstart.steps:
+            ctx.log(f"{STAGE}: stopped after {len(history)} steps: a pass over the demonstrations reached "
+                    f"warmstart.stop_at_loss={ctx.config.warmstart.stop_at_loss}")
         new_policy = Policy.from_path(checkpoint, key=f"warmstart:{directory.name}")
         last = history[-1]
         return StageOutput(
