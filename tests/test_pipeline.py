@@ -24,6 +24,7 @@ from lego import CONFIGS_DIR, REPO_ROOT
 
 TESTS_DIR = Path(__file__).resolve().parent
 ALL = ["taskset", "rollout/0", "verify/0", "dataset/0", "train/0", "evaluate/0"]
+PREFECT_SERVER_ERROR = re.compile(r"PrefectHTTPStatusError: Server error '5\d\d ")
 
 
 @pytest.fixture(scope="module")
@@ -269,8 +270,11 @@ def test_served_deployment_fires_on_schedule(first_run, overrides, tmp_path):
                 except Exception:  # the server is still starting
                     continue
                 states = [r.state.type.value for r in runs if r.state is not None]
+                # A run the Prefect server itself failed (it answers 5xx when the machine is overloaded) says
+                # nothing about the pipeline; the next scheduled run is what counts. Any other failure is a bug.
                 broken = [f"{r.name}: {r.state.type.value}: {r.state.message}" for r in runs
-                          if r.state is not None and r.state.type.value in ("FAILED", "CRASHED")]
+                          if r.state is not None and r.state.type.value in ("FAILED", "CRASHED")
+                          and not PREFECT_SERVER_ERROR.search(r.state.message or "")]
                 assert not broken, broken
         assert "COMPLETED" in states, f"no scheduled run completed in time: {states}"
     finally:
