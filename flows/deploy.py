@@ -30,4 +30,6 @@ def build_deployments(config: LegoConfig, config_ref: str, overrides: list[str])
 
 
 def serve_deployments(config: LegoConfig, config_ref: str, overrides: list[str]) -> None:
-    serve(*build_deployments(config, config_ref, overrides), print_starting_message=True)
+    # One flow run at a time: the pipeline and its stages share one work dir and catalog, and a schedule that fires
+    # while a run is still going must queue the next run, not pile runs up on the same machine.
+    serve(*build_deployments(config, config_ref, overrides), print_starting_message=True, limit=1)
