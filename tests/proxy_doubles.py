@@ -11,7 +11,8 @@ import asyncio
 import json
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -165,11 +166,19 @@ def check_fidelity(session, engine) -> tuple[list, list]:
     return segments, calls
 
 
+@contextmanager
+def background_proxy(engine, tokenizer, max_tokens: int) -> Iterator[BackgroundProxy]:
+    """A proxy in a background thread over `engine` (reachable as `.engine`), replies capped at `max_tokens`."""
+    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=max_tokens))
+    background.engine = engine
+    try:
+        yield background
+    finally:
+        background.close()
+
+
 @pytest.fixture()
 def proxy(tokenizer):
-    """A proxy in a background thread over a ScriptedEngine (reachable as `.engine`), replies capped at 32 tokens."""
-    engine = ScriptedEngine(tokenizer)
-    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=32))
-    background.engine = engine
-    yield background
-    background.close()
+    """A proxy over a ScriptedEngine, replies capped at 32 tokens."""
+    with background_proxy(ScriptedEngine(tokenizer), tokenizer, 32) as background:
+        yield background

@@ -16,7 +16,7 @@ import threading
 import httpx
 import numpy as np
 import pytest
-from proxy_doubles import BackgroundProxy, ScriptedEngine, assistant_text, check_fidelity
+from proxy_doubles import BackgroundProxy, ScriptedEngine, assistant_text, background_proxy, check_fidelity
 
 from lego.config import SamplingConfig
 from lego.engine.base import TokenChunk
@@ -56,11 +56,9 @@ class FailingEngine(ScriptedEngine):
 @pytest.fixture()
 def gated(tokenizer):
     engine = GatedEngine(tokenizer)
-    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=256))
-    background.engine = engine
-    yield background
-    engine.gate.set()
-    background.close()
+    with background_proxy(engine, tokenizer, 256) as background:
+        yield background
+        engine.gate.set()  # release a generation still held, before the proxy stops
 
 
 def request(protocol: str, stream: bool) -> tuple[str, dict]:

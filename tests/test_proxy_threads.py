@@ -24,9 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from proxy_doubles import BackgroundProxy, ScriptedEngine, check_fidelity
-
-from lego.config import SamplingConfig
+from proxy_doubles import ScriptedEngine, background_proxy, check_fidelity
 
 FIXTURES = Path(__file__).parent / "fixtures" / "threads"
 MAIN = {"main", "compaction"}  # actors whose calls belong to the main thread
@@ -51,11 +49,8 @@ def load(name: str) -> dict:
 
 @pytest.fixture()
 def proxy(tokenizer):
-    engine = ScriptedEngine(tokenizer)
-    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=512))
-    background.engine = engine
-    yield background
-    background.close()
+    with background_proxy(ScriptedEngine(tokenizer), tokenizer, 512) as background:
+        yield background
 
 
 def replay(proxy, calls: list[dict]):

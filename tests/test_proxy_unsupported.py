@@ -18,7 +18,14 @@ import numpy as np
 import openai
 import pytest
 from fixtures_model import tiny_model_path  # noqa: F401  (session fixture)
-from proxy_doubles import BackgroundProxy, RecordingEngine, ScriptedEngine, check_fidelity, tool_call_text
+from proxy_doubles import (
+    BackgroundProxy,
+    RecordingEngine,
+    ScriptedEngine,
+    background_proxy,
+    check_fidelity,
+    tool_call_text,
+)
 
 from lego.config import SamplingConfig
 
@@ -40,11 +47,8 @@ PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAh
 
 @pytest.fixture()
 def proxy(tokenizer):
-    engine = ScriptedEngine(tokenizer)
-    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=128))
-    background.engine = engine
-    yield background
-    background.close()
+    with background_proxy(ScriptedEngine(tokenizer), tokenizer, 128) as background:
+        yield background
 
 
 def openai_error(response: httpx.Response, param: str) -> str:
