@@ -176,6 +176,9 @@ class TrainConfig(Section):
     kl_type: str = "low_var_kl"  # verl kl_penalty estimator for the kl_coef term (against TrainBatch.ref_logprobs)
     entropy_coeff: float = Field(0.0, ge=0)
     measure_routing_drift: bool = True  # one extra no-grad forward per micro-batch without replay
+    # The change of the trained sequences' log-probs across the step, by advantage sign (Trainer.update_effect):
+    # one extra no-grad forward over them after the last optimizer step
+    measure_update: bool = True
     # Save the optimizer's state with each policy checkpoint and continue it in the next train stage (the warm
     # start's too): one optimization across iterations, as in one verl job. False: a fresh AdamW per stage.
     resume_optimizer: bool = True

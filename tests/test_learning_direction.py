@@ -100,6 +100,12 @@ def test_one_step_moves_each_trajectory_the_way_its_advantage_says(tiny_model_pa
         moves = [sign * (after[0] - before[0]), -sign * (after[1] - before[1])]
         assert min(moves) > MOVE, f"advantages ({sign}, {-sign}) moved the log-probs by {after[0] - before[0]:.4f}, " \
                                   f"{after[1] - before[1]:.4f}"
+        # the step's own report of what it did, against the independent measurement (summed over sampled tokens)
+        changes = [batch.label_tokens(i) * (after[i] - before[i]) for i in range(2)]
+        positive, negative = (0, 1) if sign > 0 else (1, 0)
+        assert metrics["logprob_change_positive"] == pytest.approx(changes[positive], abs=1e-3)
+        assert metrics["logprob_change_negative"] == pytest.approx(changes[negative], abs=1e-3)
+        assert metrics["logprob_change_likeliest_positive"] == pytest.approx(changes[positive], abs=1e-3)
         assert (metrics["sequences_with_signal"], metrics["sequences_skipped"]) == (2, 1)
         assert (metrics["groups"], metrics["groups_with_signal"]) == (2, 1)
         assert metrics["optimizer_steps"] == 1
@@ -166,3 +172,19 @@ def test_negative_advantages_are_scaled_by_their_weight(tiny_model_path, sampled
     half, _ = moved(0.5, [1.0, per_token, 0.0])
     full, _ = moved(1.0, [1.0, per_token, 0.0])
     assert full[1] < half[1] < positives_only[1]
+
+
+def test_the_update_report_follows_each_groups_likeliest_success(tiny_model_path, sampled):
+    """Two successes in one group: the mean change covers both, the likeliest-success change only the one the policy
+    found more likely before the step (the usual way a memorizing policy resolves the task)."""
+    batch = with_advantages(sampled, [1.0, 0.5, 0.0])
+    trainer = Trainer(tiny_model_path, TrainConfig(lr=LR, measure_routing_drift=False))
+    before = [mean_sampled_logprob(trainer, batch, i) * batch.label_tokens(i) for i in range(2)]
+    metrics = trainer.step(batch)
+    changes = [mean_sampled_logprob(trainer, batch, i) * batch.label_tokens(i) - before[i] for i in range(2)]
+    assert metrics["logprob_change_positive"] == pytest.approx(np.mean(changes), abs=1e-3)
+    likeliest = int(np.argmax(before))
+    assert metrics["logprob_change_likeliest_positive"] == pytest.approx(changes[likeliest], abs=1e-3)
+    assert "logprob_change_negative" not in metrics
+    unmeasured = Trainer(tiny_model_path, TrainConfig(lr=LR, measure_routing_drift=False, measure_update=False))
+    assert "logprob_change_positive" not in unmeasured.step(batch)

@@ -62,7 +62,9 @@ def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str,
                                           if name in ("loss", "entropy", "kl_to_inference", "logprob_pearson",
                                                       "grad_norm", "sequences", "sequences_trained",
                                                       "optimizer_steps", "groups_with_signal", "seconds",
-                                                      "clip_fraction", "learning_rate")}
+                                                      "clip_fraction", "learning_rate", "logprob_change_positive",
+                                                      "logprob_change_negative",
+                                                      "logprob_change_likeliest_positive")}
         elif result.stage == "evaluate":
             entry = point(index + 1)
             entry["eval_split"] = _eval_rate(result.metrics, "", confidence)

@@ -321,6 +321,15 @@ def trained_sequences(batch: TrainBatch, config: TrainConfig) -> list[int]:
             if has or (every_token_counts and batch.label_tokens(i) > 0)]
 
 
+def sequence_advantage(batch: TrainBatch, i: int) -> float:
+    """Sequence i's advantage: the per-sequence value, or the sum over its sampled label tokens."""
+    advantage = batch.advantages[i]
+    if np.isscalar(advantage):
+        return float(advantage)
+    labels = np.asarray(batch.response_mask[i])[1:].astype(bool)
+    return float(np.asarray(advantage, dtype=np.float64)[1:][labels].sum())
+
+
 def signal_counts(batch: TrainBatch, trained: list[int]) -> dict[str, float]:
     """How many sequences (and GRPO groups, when the batch names them) had signal, were trained, were skipped."""
     signal = batch.has_signal()
@@ -429,6 +438,7 @@ class Trainer:
         plan = plan_micro_batches([len(batch.input_ids[i]) for i in trained], self.config.micro_batch_tokens)
         groups = [[trained[j] for j in group] for group in plan]
         metrics: dict[str, float] = {}
+        before: dict[int, float] = {}  # each trained sequence's log-prob before the first step (epoch 0's forward)
         for epoch in range(self.config.epochs):
             started = time.monotonic()
             self.optimizer.zero_grad(set_to_none=True)
@@ -452,6 +462,8 @@ class Trainer:
                         kl = kl_penalty(logprobs.detach(), inference, "low_var_kl")
                         weighted["kl_to_inference"] += float(masked_mean(kl, mask)) * n
                     selected = mask.bool()
+                    if epoch == 0:
+                        before.update(zip(group, (logprobs.detach() * mask).sum(dim=1).tolist(), strict=True))
                     train_lp.append(logprobs.detach()[selected].cpu().numpy())
                     inference_lp.append(inference[selected].cpu().numpy())
                     measure = self.config.measure_routing_drift and micro.routed_experts is not None
@@ -496,7 +508,50 @@ class Trainer:
             else:
                 metrics[f"loss_epoch{epoch}"] = total_loss
         metrics["learning_rate"] = float(self.optimizer.param_groups[0]["lr"])  # `lego status` flags 0
+        if self.config.measure_update:
+            metrics.update(self.update_effect(batch, groups, before))
         return metrics
+
+    def update_effect(self, batch: TrainBatch, groups: list[list[int]], before: dict[int, float]) -> dict[str, float]:
+        """What the step did to the trained sequences' log-probs (summed over each one's sampled tokens), from
+        before its first optimizer step to after its last, by the sign of the sequence's advantage:
+        `logprob_change_positive` / `_negative`, the mean change; `logprob_change_likeliest_positive`, the mean over
+        groups of the change of the positive sequence the policy found most likely before the step.
+
+        Why the last one: a policy that resolves a task mostly one way (a memorized solution) needs that way's
+        probability to rise. The mean over positive sequences can rise while it falls: a rare success, whose tokens
+        the policy found unlikely, carries far larger gradients than the near-certain tokens of the usual one, so
+        the step moves toward the rare one (measured in configs/learn.yaml's comment). One no-grad forward pass over
+        the trained sequences."""
+        after: dict[int, float] = {}
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for group in groups:
+                    micro = collate(batch, group, need_routing=self.replay)
+                    logprobs, _ = token_logprobs(self.model, micro.input_ids.to(self.device),
+                                                 micro.response_mask.to(self.device),
+                                                 micro.routed_experts if self.replay else None, with_entropy=False)
+                    mask = micro.response_mask.to(logprobs.device)
+                    after.update(zip(group, (logprobs * mask).sum(dim=1).tolist(), strict=True))
+        finally:
+            self.model.train()
+        signs = {i: np.sign(sequence_advantage(batch, i)) for i in after}
+        out: dict[str, float] = {}
+        for name, sign in (("positive", 1.0), ("negative", -1.0)):
+            changes = [after[i] - before[i] for i in after if signs[i] == sign]
+            if changes:
+                out[f"logprob_change_{name}"] = float(np.mean(changes))
+        likeliest: dict[str, int] = {}
+        for i in after:
+            if signs[i] > 0:
+                group_id = batch.group_ids[i] if batch.group_ids is not None else ""
+                if group_id not in likeliest or before[i] > before[likeliest[group_id]]:
+                    likeliest[group_id] = i
+        if likeliest:
+            out["logprob_change_likeliest_positive"] = float(np.mean([after[i] - before[i]
+                                                                      for i in likeliest.values()]))
+        return out
 
     def save(self, out_dir: str | Path) -> Path:
         """Write the model as the next policy version (a transformers checkpoint + lego_model.json)."""
