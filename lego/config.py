@@ -189,6 +189,17 @@ class TrainConfig(Section):
     # did worse than their group push less (asymmetric REINFORCE); 0 learns from the rollouts that did better only,
     # which on 0/1 rewards is REINFORCE with a zero baseline (rejection-sampling fine-tuning, RAFT).
     negative_advantage_weight: float = Field(1.0, ge=0, le=1)
+    # The advantage estimator. `grpo`: the dataset stage's group-normalized advantages (verl's GRPO). `success_mass`
+    # (lego/train/success_mass.py): each found success weighted by its share of the probability of the group's
+    # found successes; for a policy that resolves its tasks mostly one way (after a warm start).
+    adv_estimator: Literal["grpo", "success_mass"] = "grpo"
+
+    @model_validator(mode="after")
+    def _one_credit_rule(self) -> TrainConfig:
+        if self.adv_estimator == "success_mass" and self.credit != "sequence":
+            raise ValueError("train.adv_estimator success_mass gives each rollout one advantage for all its tokens; "
+                             "set train.credit: sequence (forks places GRPO's advantages only)")
+        return self
 
 
 class WarmStartConfig(Section):

@@ -37,7 +37,11 @@ def training_batch(ctx: StageContext, dataset: StageResult):
     if not samples:
         return None
     fields = training_batch_fields(samples)
-    if ctx.config.train.credit == "forks":
+    if ctx.config.train.adv_estimator == "success_mass":
+        from lego.train.success_mass import success_mass_advantages
+
+        fields["advantages"] = success_mass_advantages(samples)
+    elif ctx.config.train.credit == "forks":
         from lego.train.credit import place_credit_at_forks
 
         fields["advantages"] = place_credit_at_forks(samples)
