@@ -150,6 +150,17 @@ def test_groups_without_reward_variance_are_zero_variance_groups(work, config):
     assert "3 all solved" in found.summary
 
 
+def test_all_solved_groups_have_signal_under_the_success_mass_estimator(work, config):
+    config.train.adv_estimator = "success_mass"  # it raises the likelier successes of an all-solved group too
+    solved = {task: [R, R, R, R] for task in TASKS}
+    craft_run(work, config, "run-solved", [Iteration(), Iteration(kinds=solved)])
+    assert "zero_variance_groups" not in signatures(diagnose(work, config, "run-solved"))
+    failed = {task: [U, U, U, U] for task in TASKS}
+    craft_run(work, config, "run-failed", [Iteration(), Iteration(kinds=failed)])
+    found = finding(diagnose(work, config, "run-failed"), "zero_variance_groups")
+    assert found.evidence["groups_by_iteration"][1] == {"in_loss": 3, "with_signal": 0}
+
+
 def test_replies_without_tool_calls_are_a_collapse(work, config):
     manifest = craft_run(work, config, "run-collapse", [Iteration(), Iteration(tool_calls=False)])
     diagnosis = diagnose(work, config, "run-collapse")

@@ -515,6 +515,9 @@ class _Checks:
         for result in _by_iteration(self.manifest, "dataset"):
             in_loss = int(result.metrics.get("groups_in_loss", 0))
             signal = int(result.metrics.get("groups_with_signal", 0))
+            if self.config.train.adv_estimator == "success_mass":
+                # its signal is a success, not a difference: an all-solved group is raised too
+                signal += sum(1 for group in self._flat_groups(result) if group["reward"] and group["reward"] > 0)
             series.append((result.iteration, in_loss, signal, result))
             if (in_loss and signal / in_loss < SIGNAL_SHARE_MIN) or (not in_loss and result.metrics.get("rollouts")):
                 low.append((result.iteration, in_loss, signal, result))

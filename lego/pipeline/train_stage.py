@@ -76,10 +76,10 @@ def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy) -> 
                                outputs={"train_metrics": directory / "metrics.json"},
                                data={**policy.as_data(), "trained": False})
         if "logprob_change_likeliest_positive" in metrics:
-            ctx.log(f"train/{iteration}: the update moved the log-probs of the rollouts above their group's mean by "
+            ctx.log(f"train/{iteration}: the update moved the log-probs of the rollouts with a positive advantage by "
                     f"{metrics['logprob_change_positive']:+.2f} nats on average, of each group's likeliest success by "
                     f"{metrics['logprob_change_likeliest_positive']:+.2f}"
-                    + (f", of those below by {metrics['logprob_change_negative']:+.2f}"
+                    + (f", of those with a negative one by {metrics['logprob_change_negative']:+.2f}"
                        if "logprob_change_negative" in metrics else ""))
         checkpoint = trainer.save(directory / "checkpoint")
         duration = time.monotonic() - started
