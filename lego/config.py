@@ -214,6 +214,9 @@ class WarmStartConfig(Section):
     # to run, so a loss lands the policy at a more repeatable resolved rate than a step count does.
     stop_at_loss: float | None = Field(None, gt=0)
     lr: float = Field(1e-3, gt=0)
+    # `constant`, or `cosine`: from `lr` down to 0 at `steps`, so that a run whose loss still jumps about at a high
+    # rate settles instead of running out of steps above `stop_at_loss`.
+    lr_schedule: Literal["constant", "cosine"] = "constant"
     grad_clip: float = Field(1.0, gt=0)
 
 

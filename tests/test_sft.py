@@ -37,3 +37,14 @@ def test_fine_tuning_stops_at_the_first_pass_whose_mean_loss_reaches_the_target(
     assert len(stopped) == 2 * (first + 1)  # whole passes only
     np.testing.assert_allclose([step["loss"] for step in stopped], losses[:len(stopped)], rtol=1e-4)
     assert checkpoint_train_steps(checkpoint) == len(stopped)
+
+
+def test_a_cosine_schedule_takes_the_rate_from_lr_down_to_zero_at_the_last_step(tiny_model_path, tmp_path):
+    samples = [demonstration(0), demonstration(1)]
+    _, constant = fine_tune(tiny_model_path, samples, WarmStartConfig(steps=8, lr=1e-2), tmp_path / "constant")
+    assert [step["learning_rate"] for step in constant] == [1e-2] * 8
+    _, cosine = fine_tune(tiny_model_path, samples, WarmStartConfig(steps=8, lr=1e-2, lr_schedule="cosine"),
+                          tmp_path / "cosine")
+    rates = [step["learning_rate"] for step in cosine]
+    np.testing.assert_allclose(rates, [1e-2 * 0.5 * (1 + np.cos(np.pi * k / 8)) for k in range(8)], rtol=1e-6)
+    assert cosine[0]["loss"] == constant[0]["loss"]  # the same first step; the schedule only changes what follows

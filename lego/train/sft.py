@@ -8,6 +8,7 @@ often whatever the step count.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,10 @@ def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], setting
     trainer = Trainer(model_path, TrainConfig(lr=settings.lr, grad_clip=settings.grad_clip, router_replay="disabled",
                                               measure_routing_drift=False), device=device, seed=seed)
     batch = TrainBatch(**training_batch_fields(usable))
+    schedule = None
+    if settings.lr_schedule == "cosine":
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            trainer.optimizer, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, settings.steps) / settings.steps)))
     order: list[int] = []
     shuffle = random.Random(seed)
     history: list[dict[str, float]] = []
@@ -59,12 +64,16 @@ def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], setting
         trainer.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), settings.grad_clip)
+        learning_rate = float(trainer.optimizer.param_groups[0]["lr"])
         trainer.optimizer.step()
+        if schedule is not None:
+            schedule.step()
         with torch.no_grad():
             sampled = logprobs[mask.bool()]
             metrics = {"loss": float(loss), "mean_logprob": float(sampled.mean()),
                        "token_accuracy": float((sampled > np.log(0.5)).float().mean()),
-                       "grad_norm": float(grad_norm), "tokens": float(tokens), "seconds": time.monotonic() - started}
+                       "grad_norm": float(grad_norm), "learning_rate": learning_rate, "tokens": float(tokens),
+                       "seconds": time.monotonic() - started}
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
