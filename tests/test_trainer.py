@@ -212,7 +212,8 @@ def test_zero_advantage_sequences_are_skipped_and_the_gradient_stays_verls(tiny_
     finally:
         for handle in handles:
             handle.remove()
-    assert sorted(seen) == [0, 2]
+    # each trained sequence twice (the step's forward, then measure_update's after it); the skipped 1 and 3 never
+    assert sorted(seen) == [0, 0, 2, 2]
     assert (metrics["sequences"], metrics["sequences_with_signal"], metrics["sequences_skipped"]) == (4, 2, 2)
     assert (metrics["groups"], metrics["groups_with_signal"], metrics["groups_skipped"]) == (2, 1, 1)
     assert metrics["optimizer_steps"] == 1
