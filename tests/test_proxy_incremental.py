@@ -131,7 +131,32 @@ def test_the_word_cache_tokenizes_as_the_tokenizer(tokenizer):
         assert encoder.encode(text) == fast.encode(text, add_special_tokens=False).ids, repr(text)
     assert encoder.encode("naïve") is None  # not ASCII: the tokenizer's own
     code = open(__file__).read()
-    assert ChatRenderer(tokenizer).encode(code) == fast.encode(code, add_special_tokens=False).ids
+    assert list(ChatRenderer(tokenizer).encode(code)) == fast.encode(code, add_special_tokens=False).ids
+
+
+def test_long_texts_cut_into_units_tokenize_as_the_tokenizer(tokenizer):
+    """Texts long enough to be cut into units at spaces (lego/proxy/encoder.py), with every kind of whitespace next
+    to the cuts (runs of spaces, indentation after newlines and tabs, spaces at the start and the end), each
+    tokenized with nothing cached, then again with its units cached, then as part of other texts."""
+    fast = tokenizer._tokenizer
+    encoder = WordCacheEncoder.for_tokenizer(fast)
+    rng = random.Random(17)
+    pieces = ["x", "foo", "Bar9", "'s", "1", "42", ".", "()", ":", "=", "-", "\t", "\n", "\r\n", "\x0b", "\x0c",
+              "\x00", "\x1f", "<|im_end|>", " ", " ", " ", "  ", "   ", "\n    ", "\n\n  ", "\t ", " \t", "\n \n"]
+    texts = []
+    for _ in range(600):
+        text = "".join(rng.choice(pieces) + rng.choice(["", " "]) for _ in range(rng.randint(10, 400)))
+        texts.append(text)
+    texts += [" " + texts[0], "   " + texts[1], texts[2] + "  ", "\n  " + texts[3]]
+    encoder.clear()
+    for text in texts:
+        expected = fast.encode(text, add_special_tokens=False).ids
+        assert encoder.encode(text) == expected, repr(text)  # first sight: units tokenized
+        assert encoder.encode(text) == expected, repr(text)  # every unit cached
+        assert list(encoder.encode_array(text)) == expected
+    for first, second in zip(texts, texts[1:], strict=False):
+        joined = first + second
+        assert encoder.encode(joined) == fast.encode(joined, add_special_tokens=False).ids, repr(joined)
 
 
 def test_the_word_cache_refuses_a_tokenizer_it_cannot_match():
@@ -182,27 +207,28 @@ def captured_texts(renderer: ChatRenderer) -> list[str]:
 
 
 def test_the_word_cache_tokenizes_captured_harness_requests_as_the_tokenizer(tokenizer):
-    """The fast path (word cache, unseen words in one tokenizer call) against the tokenizer itself, on what real
-    harnesses sent, each text both with nothing cached and with its words cached, and on adversarial text."""
+    """The fast path (units and words cached, unseen words through the BPE model alone) against the tokenizer
+    itself, on what real harnesses sent, each text both with nothing cached and with its words cached, and on
+    adversarial text."""
     fast = tokenizer._tokenizer
     renderer = ChatRenderer(tokenizer)
     texts = captured_texts(renderer) + ADVERSARIAL
     assert len(texts) > 100
     for warm in (False, True):
         encoder = WordCacheEncoder.for_tokenizer(fast)
-        assert encoder is not None and encoder._words_model is not None  # the one-call path is in use
+        assert encoder is not None and encoder._bpe is not None  # unseen words through the model alone
         for text in texts:
             if not warm:
-                encoder._cache.clear()
-                encoder._segments.clear()
+                encoder.clear()
             expected = fast.encode(text, add_special_tokens=False).ids
             got = encoder.encode(text)
             assert got is None if not text.isascii() else got == expected, repr(text[:200])
-            assert renderer.encode(text) == expected, repr(text[:200])
+            assert list(renderer.encode(text)) == expected, repr(text[:200])
 
 
-def test_unseen_words_in_one_call_are_tokenized_one_by_one(tokenizer):
+def test_unseen_words_through_the_model_alone_are_tokenized_as_by_the_tokenizer(tokenizer):
     encoder = WordCacheEncoder.for_tokenizer(tokenizer._tokenizer)
+    assert encoder._bpe is not None
     rng = random.Random(5)
     alphabet = [chr(code) for code in range(128)]
     for _ in range(300):

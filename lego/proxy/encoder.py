@@ -5,14 +5,29 @@ between them (NFC: nothing to do on ASCII), splits that into words with one regu
 each word alone. Most of its time goes to the regular expression (an Oniguruma `\\p{L}` pattern) and to BPE of words
 it has seen many times. On ASCII text the pattern means the same as its ASCII spelling, which Python's `re` runs
 several times faster, and a word's tokens depend on the word alone, so they are kept per word. `WordCacheEncoder`
-does exactly that and hands only unseen words to the tokenizer's own BPE (the same model, without the split), all of
-a text's unseen words in one call: joined by a separator that is not ASCII (so in no word), which that call's
-pre-tokenizer removes again, so that BPE still runs on each word alone.
+does exactly that and hands only unseen words to the tokenizer's own BPE model (`Model.tokenize` of the word's
+bytes as the byte-level step maps them: what the tokenizer does for one word, without an encoding built around it).
 
 It applies only where that is exact: a tokenizer whose split pattern is a known one, whose normalizer leaves ASCII
 as it is, whose added tokens match anywhere (no single-word or strip rules), and only to ASCII text (anything else
 goes to the tokenizer). `for_tokenizer` also compares it with the tokenizer on texts that exercise the pattern
 before using it. Tests compare it with the tokenizer on random ASCII.
+
+Splitting every text into words with the pattern is still most of the cost, and most of a new text's words come in
+runs the process has seen before (a test log's lines, a file read back, the same error in eight rollouts). So a text
+is first cut into *units* with `str.replace` and `str.split`, and a unit's tokens are kept whole. A cut is
+- before every space that follows a character that is not whitespace: no pre-token of the pattern holds a space
+  after its first character unless that space follows whitespace, so the pattern starts a pre-token there; and
+- after a newline, before a character that is not whitespace: no pre-token holds a newline followed by such a
+  character (an optional leading character is never a newline; newlines end punctuation or whitespace runs).
+A pre-token that ends just before a cut ends the same way at the end of a text: letters, digits and punctuation stop
+at a space or a non-whitespace character as at the end, a run of newlines stops at a character that is not one, and
+a whitespace run cannot end before a space cut (the character there is not whitespace). The pattern has no
+lookbehind, so each unit is tokenized alone as it is in the text. The spaces that are not cuts (after whitespace:
+indentation, runs of spaces) are marked before cutting and put back to tokenize a unit not seen before; the marks
+are two ASCII control characters, so the marked text stays one byte per character, and a text that has either is
+tokenized by words. Tokens are kept as the bytes of int32 arrays, so a text's tokens are one `bytes.join`, read into
+an array in one copy.
 """
 
 from __future__ import annotations
@@ -20,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from array import array
 from itertools import chain
 
 log = logging.getLogger(__name__)
@@ -34,7 +50,11 @@ ASCII_SPLITS = {
 ASCII_NORMALIZERS = {None, "NFC", "NFD", "NFKC", "NFKD"}  # each leaves ASCII text unchanged
 CACHED_WORDS = 200_000  # words whose tokens an encoder keeps (then it starts over)
 SHORT_SEGMENT = 32  # texts between added tokens this short are kept whole, beside the words
-WORD_SEPARATOR = "\ue000"  # joins a text's unseen words for one tokenizer call (not ASCII: in no word)
+# Marks in a text being cut into units: a space that is not a cut (it follows whitespace), and a cut. ASCII, so that
+# the marked text stays one byte per character; a text that has either is tokenized by words instead.
+HELD_SPACE, CUT = "\x00", "\x01"
+_WHITESPACE_THEN_SPACE = tuple(f"{c} " for c in "\t\n\r\x0b\x0c")  # a space after a space: in two passes
+_NO_CUT = tuple(CUT + c for c in "\t\n\r\x0b\x0c" + HELD_SPACE)  # after a newline, but before whitespace
 CHECK_TEXTS = (
     "".join(chr(code) for code in range(128)),
     "It's THEY'RE we'Ll I'M you'VE he'd 'S 's' x's\n\n  \t \r\n\r\n   end  ",
@@ -48,19 +68,20 @@ CHECK_TEXTS = (
 class WordCacheEncoder:
     """Tokens of ASCII text, as the tokenizer gives them (see the module docstring). Build it with `for_tokenizer`."""
 
-    def __init__(self, split: re.Pattern, model, added: dict[str, int], words_model=None) -> None:
+    def __init__(self, split: re.Pattern, model, added: dict[str, int], bpe=None, byte_chars=None) -> None:
         self._split = split
         self._model = model  # the tokenizer's BPE model behind a byte-level mapping, without the word split
-        # the same, splitting at WORD_SEPARATOR (removed): several unseen words in one call (None: one by one)
-        self._words_model = words_model
-        self._added_ids = added
+        # the BPE model itself and the byte-level pre-tokenizer's character for each ASCII byte: an unseen word's
+        # tokens without the tokenizer's pipeline around the model (None: through `model`)
+        self._bpe, self._byte_chars = bpe, byte_chars
+        self._added_tokens = {token: array("i", [token_id]).tobytes() for token, token_id in added.items()}
         # leftmost match, the longest at that position (as the tokenizer matches added tokens)
         self._added = (re.compile("|".join(re.escape(token) for token in sorted(added, key=len, reverse=True)))
                        if added else None)
-        # word -> its tokens. Tuples, not lists: the collector stops tracking a tuple of ints, so a full collection
-        # does not walk every cached word
-        self._cache: dict[str, tuple[int, ...]] = {}
-        self._segments: dict[str, tuple[int, ...]] = {}  # short text between added tokens -> its tokens
+        # Tokens as int32 bytes: joined in C, and never walked by the garbage collector.
+        self._cache: dict[str, bytes] = {}  # word -> its tokens
+        self._units: dict[str, bytes] = {}  # unit (held spaces marked) -> its tokens
+        self._segments: dict[str, bytes] = {}  # short text between added tokens -> its tokens
 
     @classmethod
     def for_tokenizer(cls, tokenizer) -> WordCacheEncoder | None:
@@ -92,91 +113,161 @@ class WordCacheEncoder:
             if token.single_word or token.lstrip or token.rstrip:
                 return None
             added[token.content] = tokenizer.token_to_id(token.content)
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         bare = Tokenizer(model)  # the same BPE model, reached without the split, the normalizer or added tokens
-        bare.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        batch = Tokenizer(model)
-        batch.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(WORD_SEPARATOR, "removed"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        encoder = cls(ASCII_SPLITS[pattern], bare, added, batch)
+        bare.pre_tokenizer = byte_level
+        try:
+            byte_chars = str.maketrans({chr(code): "".join(piece for piece, _ in byte_level.pre_tokenize_str(chr(code)))
+                                        for code in range(128)})
+        except Exception:  # a tokenizers version without these: the pipeline's own call for each word
+            byte_chars = None
+        encoder = cls(ASCII_SPLITS[pattern], bare, added, model, byte_chars)
         words = list(dict.fromkeys(chain.from_iterable(encoder._split.findall(text) for text in CHECK_TEXTS)))
         if encoder._encode_words(words) != [bare.encode(word, add_special_tokens=False).ids for word in words]:
-            log.warning("tokenizing words in one call differs from one call per word; tokenizing them one by one")
-            encoder._words_model = None
+            log.warning("the BPE model alone tokenizes words differently from the tokenizer; using the tokenizer")
+            encoder._bpe = None
         for text in CHECK_TEXTS:
             if encoder.encode(text) != tokenizer.encode(text, add_special_tokens=False).ids:
                 log.warning("the word-cache tokenizer differs from the tokenizer on a check text; not using it")
                 return None
-        encoder._cache.clear()
-        encoder._segments.clear()
+        encoder.clear()
         return encoder
+
+    def clear(self) -> None:
+        self._cache.clear()
+        self._units.clear()
+        self._segments.clear()
 
     def encode(self, text: str) -> list[int] | None:
         """The token ids of `text`, or None when it is not ASCII (ask the tokenizer)."""
+        data = self.encode_bytes(text)
+        return None if data is None else array("i", data).tolist()
+
+    def encode_array(self, text: str) -> array | None:
+        """`encode` as an int32 array (read from the tokens' bytes in one copy)."""
+        data = self.encode_bytes(text)
+        return None if data is None else array("i", data)
+
+    def encode_bytes(self, text: str) -> bytes | None:
+        """The token ids of `text` as the bytes of an int32 array, or None when it is not ASCII."""
         if not text.isascii():
             return None
-        out: list[int] = []
+        parts: list[bytes | None] = []
         position = 0
         if self._added is not None:
             for match in self._added.finditer(text):
-                if not self._words(text[position:match.start()], out):
-                    return None
-                out.append(self._added_ids[match.group()])
+                if match.start() > position:
+                    parts.append(self._segment(text[position:match.start()]))
+                parts.append(self._added_tokens[match.group()])
                 position = match.end()
-        if not self._words(text[position:], out):
+        if position < len(text):
+            parts.append(self._segment(text[position:]))
+        if None in parts:  # never expected: the pattern covers every character
             return None
-        return out
+        return b"".join(parts)  # type: ignore[arg-type]
 
-    def _words(self, segment: str, out: list[int]) -> bool:
-        if not segment:
-            return True
-        if len(segment) <= SHORT_SEGMENT:  # template text between added tokens ("\n", "assistant\n"): seen whole
-            ids = self._segments.get(segment)
-            if ids is None:
-                pieces: list[int] = []
-                if not self._words_of(segment, pieces):
-                    return False
-                if len(self._segments) >= CACHED_WORDS:
-                    self._segments.clear()
-                ids = self._segments[segment] = tuple(pieces)
-            out.extend(ids)
-            return True
-        return self._words_of(segment, out)
+    def _short(self, text: str) -> bytes | None:
+        """Tokens of a short text, kept whole (template text between added tokens: "\n", "assistant\n")."""
+        data = self._segments.get(text)
+        if data is None:
+            found = self._words_bytes([text])
+            if found is None:
+                return None
+            if len(self._segments) >= CACHED_WORDS:
+                self._segments.clear()
+            data = self._segments[text] = found[0]
+        return data
 
-    def _words_of(self, segment: str, out: list[int]) -> bool:
-        words = self._split.findall(segment)
-        if "".join(words) != segment:  # never expected: the pattern covers every character
-            return False
+    def _segment(self, segment: str) -> bytes | None:
+        """Tokens of a text between added tokens: cut into units (see the module docstring), each kept whole."""
+        if len(segment) <= SHORT_SEGMENT:
+            return self._short(segment)
+        if HELD_SPACE in segment or CUT in segment:
+            found = self._words_bytes([segment])
+            return None if found is None else found[0]
+        # (A two-character `in` costs as much as a `replace` that finds nothing; a one-character one, almost
+        # nothing: each pair is looked for only where its first character occurs.)
+        marked = segment
+        held = False
+        if "  " in marked:  # runs of spaces: every second one held, then the rest after a held one
+            marked = marked.replace("  ", " " + HELD_SPACE)
+            held = True
+        for pair in _WHITESPACE_THEN_SPACE:
+            if pair[0] in marked and pair in marked:
+                marked = marked.replace(pair, pair[0] + HELD_SPACE)
+                held = True
+        if held and HELD_SPACE + " " in marked:
+            marked = marked.replace(HELD_SPACE + " ", HELD_SPACE + HELD_SPACE)
+        marked = marked.replace(" ", CUT + " ")  # every space left follows a character that is not whitespace
+        if "\n" in marked:  # after a newline, before a character that is not whitespace
+            marked = marked.replace("\n", "\n" + CUT)
+            for pair in _NO_CUT:
+                if pair[1] in marked and pair in marked:
+                    marked = marked.replace(pair, pair[1])
+        units = marked.split(CUT)
+        cache = self._units
+        pieces = list(map(cache.get, units))
+        missing = pieces.count(None)
+        if missing:  # units not seen before: found by C-level scans, not a Python loop over every unit
+            where: list[int] = []
+            index = -1
+            for _ in range(missing):
+                index = pieces.index(None, index + 1)
+                where.append(index)
+            unseen = list(dict.fromkeys([units[index] for index in where]))
+            tokens = self._words_bytes([unit.replace(HELD_SPACE, " ") for unit in unseen])
+            if tokens is None:
+                return None
+            found = dict(zip(unseen, tokens, strict=True))
+            for index in where:
+                pieces[index] = found[units[index]]
+            if len(cache) + len(found) > CACHED_WORDS:
+                cache.clear()
+            cache.update(found)
+        return b"".join(pieces)  # type: ignore[arg-type]
+
+    def _words_bytes(self, texts: list[str]) -> list[bytes] | None:
+        """Each text's tokens, from its words' (split by the pattern, each kept), or None when the pattern does not
+        cover a text (never expected)."""
+        split = [self._split.findall(text) for text in texts] if len(texts) == 1 else \
+            list(map(self._split.findall, texts))
+        words = split[0] if len(split) == 1 else list(chain.from_iterable(split))
+        if "".join(words) != ("".join(texts) if len(texts) > 1 else texts[0]):
+            return None
         cache = self._cache
         pieces = list(map(cache.get, words))
         missing = pieces.count(None)
-        if missing:  # unseen words (a new path, a hash): found by C-level scans, not a Python loop over every word
+        if missing:  # unseen words (a new path, a hash): tokenized by the tokenizer's BPE, all in one call
             where: list[int] = []
             index = -1
             for _ in range(missing):
                 index = pieces.index(None, index + 1)
                 where.append(index)
             unseen = list(dict.fromkeys([words[index] for index in where]))
-            found = dict(zip(unseen, map(tuple, self._encode_words(unseen)), strict=True))
+            found = {word: array("i", ids).tobytes()
+                     for word, ids in zip(unseen, self._encode_words(unseen), strict=True)}
             for index in where:
                 pieces[index] = found[words[index]]
-            if len(cache) + len(found) > CACHED_WORDS:  # start over, keeping this text's words
+            if len(cache) + len(found) > CACHED_WORDS:  # start over, keeping these texts' words
                 kept = {word: cache[word] for word in set(words).intersection(cache)}
                 cache.clear()
                 cache.update(kept)
             cache.update(found)
-        out.extend(chain.from_iterable(pieces))
-        return True
+        if len(texts) == 1:
+            return [b"".join(pieces)]  # type: ignore[arg-type]
+        out: list[bytes] = []
+        start = 0
+        for count in map(len, split):
+            out.append(b"".join(pieces[start:start + count]))  # type: ignore[arg-type]
+            start += count
+        return out
 
     def _encode_words(self, words: list[str]) -> list[list[int]]:
-        """Each word's tokens, by the tokenizer's BPE on that word alone."""
-        if len(words) == 1 or self._words_model is None:
-            # one word: the plain call. Never `encode_batch`: it wakes the tokenizer's thread pool, which costs more
-            # than a few words.
-            encode = self._model.encode
-            return [encode(word, add_special_tokens=False).ids for word in words]
-        encoding = self._words_model.encode(WORD_SEPARATOR.join(words), add_special_tokens=False)
-        tokens: list[list[int]] = [[] for _ in words]
-        for word, token in zip(encoding.word_ids, encoding.ids, strict=True):
-            tokens[word].append(token)
-        return tokens
+        """Each word's tokens, by the tokenizer's BPE on that word alone: the model's own `tokenize` of the word's
+        bytes as the byte-level pre-tokenizer maps them (what the tokenizer does for one word, without building an
+        encoding around it)."""
+        if self._bpe is not None and self._byte_chars is not None:
+            tokenize, chars = self._bpe.tokenize, self._byte_chars
+            return [[token.id for token in tokenize(word.translate(chars))] for word in words]
+        encode = self._model.encode
+        return [encode(word, add_special_tokens=False).ids for word in words]

@@ -108,7 +108,7 @@ class ChatRenderer:
         probe = [{"role": "user", "content": BOUNDARY}]
         without = self.render(probe, [], add_generation_prompt=False)
         self.generation_prompt = self.render(probe, [], add_generation_prompt=True)[len(without):]
-        self.generation_prompt_ids = array("i", self.encode(self.generation_prompt))
+        self.generation_prompt_ids = self.encode(self.generation_prompt)
         # The generation prompt opens a think block (Qwen3 thinking models): a reply starts inside it.
         self.thinking = self.generation_prompt.rstrip().endswith("<think>")
         self.user_prefix = without[: without.index(BOUNDARY)]  # Qwen3: "<|im_start|>user\n"
@@ -138,18 +138,19 @@ class ChatRenderer:
         return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> array:
+        """The tokens of `text` (no special tokens added), as a flat int32 array (as a stream keeps them)."""
         if not text:
-            return []
+            return array("i")
         if self._words is not None:
-            ids = self._words.encode(text)
+            ids = self._words.encode_array(text)
             if ids is not None:
                 return ids
         if self._fast is not None:
-            return self._fast.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return array("i", self._fast.encode(text, add_special_tokens=False).ids)
+        return array("i", self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    async def encode_async(self, text: str) -> list[int]:
+    async def encode_async(self, text: str) -> array:
         """`encode`, on a worker thread for long texts (the event loop serves other calls meanwhile)."""
         if len(text) < THREAD_ENCODE_CHARS:
             return self.encode(text)
@@ -217,11 +218,11 @@ class ChatRenderer:
                     ids.extend(await self.encode_async(rest))
                     return NewTokens(ids, len(head))
             full = self.render(conversation.template_messages(), conversation.tools, add_generation_prompt=True)
-            return NewTokens(array("i", await self.encode_async(bridge + full)))
+            return NewTokens(await self.encode_async(bridge + full))
         text = self.new_text(conversation, known)
         if text is None:
             return None
-        return NewTokens(array("i", await self.encode_async(bridge + text)))
+        return NewTokens(await self.encode_async(bridge + text))
 
     def new_text(self, conversation: Conversation, known: int) -> str | None:
         """The template text of the messages after the first `known` (known >= 1), generation prompt included, or
@@ -254,7 +255,7 @@ class ChatRenderer:
         self._pending_headers[key] = future
         try:
             text = self.prefix_text(conversation.template_messages()[:1], conversation.tools)
-            ids = array("i", await self.encode_async(text))
+            ids = await self.encode_async(text)
             self._headers[key] = (text, ids)
             if len(self._headers) > HEADER_CACHE:
                 self._headers.popitem(last=False)

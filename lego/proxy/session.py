@@ -132,10 +132,14 @@ class Branch:
         branch.checkpoints = [c for c in self.checkpoints if c.messages <= checkpoint.messages and c.position <= end]
         return branch
 
-    def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
+    def append(self, ids: array | list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
+        # frombytes, not extend(bytes): extend reads a bytes object one element at a time
         self.token_ids.extend(ids)
-        self.mask.extend(bytes([1 if sampled else 0]) * len(ids))
-        self.logprobs.extend(logprobs if logprobs is not None else array("f", bytes(4 * len(ids))))
+        self.mask.frombytes(bytes([1 if sampled else 0]) * len(ids))
+        if logprobs is not None:
+            self.logprobs.extend(logprobs)
+        else:
+            self.logprobs.frombytes(bytes(4 * len(ids)))
 
     def add_routing(self, routed: np.ndarray | None) -> None:
         """Keep the routing of positions not yet recorded (each token's routing from the call that first ran it)."""
@@ -358,7 +362,7 @@ class Session:
             else:
                 report = functools.partial(on_tokens, len(prompt))
                 if opening_ids:  # the reply's text starts with the forced opening
-                    await report(opening_ids)
+                    await report(list(opening_ids))
                 result = await generate_streaming(self.engine, prompt, sampling, report)
         except Exception as exc:
             async with self._lock:
