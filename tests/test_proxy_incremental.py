@@ -238,6 +238,24 @@ def test_unseen_words_through_the_model_alone_are_tokenized_as_by_the_tokenizer(
         assert encoder._encode_words(words) == one_by_one, words
 
 
+def test_replies_decode_as_the_tokenizer_decodes_them(tokenizer):
+    """A reply whose tokens are all ASCII is decoded from a table of token texts; any other through the tokenizer.
+    Both read as the tokenizer's own decode, for ASCII, non-ASCII, unfinished characters and special tokens."""
+    renderer = ChatRenderer(tokenizer)
+    fast = tokenizer._tokenizer
+    specials = [tokenizer.convert_tokens_to_ids(token) for token in ("<|im_end|>", "<tool_call>", "<think>")]
+    rng = random.Random(7)
+    samples = [tokenizer.encode(text, add_special_tokens=False) for text in ADVERSARIAL + ["é", "中文 ok", "🙂"]]
+    ascii_ids = [token for ids in samples for token in ids if fast.decode([token]).isascii()]
+    for _ in range(400):
+        pool = rng.choice([ascii_ids, ascii_ids + specials, list(range(151643)) + specials])
+        samples.append([rng.choice(pool) for _ in range(rng.randint(0, 40))])
+    for ids in samples * 2:  # the second time from the table
+        assert renderer.decode(ids) == fast.decode(ids, skip_special_tokens=False), ids
+        for cut in (1, 2, 3):
+            assert renderer.decode(ids[:-cut]) == fast.decode(ids[:-cut], skip_special_tokens=False), ids
+
+
 def test_a_reply_decoded_once_reads_as_decoded_whole(tokenizer):
     """The end-of-turn token's text is added to the decoded reply instead of decoding the reply again."""
     renderer = ChatRenderer(tokenizer)

@@ -29,7 +29,6 @@ signatures, citations, cache_control markers and block ids.
 from __future__ import annotations
 
 import json
-import secrets
 from typing import Any
 
 from lego.proxy.fields import check_fields, checked, harmless, honoured, option_object, policy, unsupported
@@ -41,6 +40,7 @@ from lego.proxy.messages import (
     arguments_text,
     expect,
     function_tool,
+    new_id,
     text_of,
 )
 from lego.proxy.session import Completion, ToolChoice
@@ -275,7 +275,7 @@ def _content(completion: Completion) -> list[dict[str, Any]]:
     if reply.content or not reply.tool_calls:
         blocks.append({"type": "text", "text": reply.content})
     for call in reply.tool_calls:
-        blocks.append({"type": "tool_use", "id": f"toolu_{secrets.token_hex(12)}", "name": call.name,
+        blocks.append({"type": "tool_use", "id": new_id("toolu_"), "name": call.name,
                        "input": json.loads(call.arguments)})
     return blocks
 
@@ -294,6 +294,6 @@ def _usage(completion: Completion, output_tokens: int) -> dict[str, int]:
 
 
 def response_body(completion: Completion, options: dict[str, Any], model: str) -> dict[str, Any]:
-    return {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
+    return {"id": new_id("msg_"), "type": "message", "role": "assistant",
             "model": options["model"] or model, "content": _content(completion),
             "stop_reason": _stop_reason(completion), "stop_sequence": completion.stop_sequence, "usage": _usage(completion, completion.completion_tokens)}

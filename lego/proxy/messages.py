@@ -17,6 +17,8 @@ import copy
 import functools
 import hashlib
 import json
+import os
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +48,16 @@ class ContextOverflowError(RequestError):
 
 LONG_TEXT = 2048  # system texts at least this long have their normalized form kept per process
 TOOLS_KEYS_KEPT = 16  # distinct tool lists whose key a process keeps
+
+
+_ids = random.Random()  # seeded from the system's randomness once (again in a forked child): unique, not secret
+os.register_at_fork(after_in_child=_ids.seed)
+
+
+def new_id(prefix: str) -> str:
+    """A fresh id for a reply, a message or a tool call: `prefix` and 24 hex digits (96 random bits). Not from
+    `secrets`: its system call per id is a measurable part of a call's cost."""
+    return f"{prefix}{_ids.getrandbits(96):024x}"
 
 
 def normalize_text(text: str) -> str:

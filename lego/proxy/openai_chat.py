@@ -25,7 +25,6 @@ sends the tool's name on tool messages, which the call they answer already names
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
@@ -38,6 +37,7 @@ from lego.proxy.messages import (
     arguments_text,
     expect,
     function_tool,
+    new_id,
     text_of,
 )
 from lego.proxy.session import Completion, ToolChoice
@@ -248,7 +248,7 @@ def parse_request(body: dict[str, Any], ends: list[int] | None = None) -> tuple[
 
 
 def _tool_calls(completion: Completion) -> list[dict[str, Any]]:
-    return [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
+    return [{"id": new_id("call_"), "type": "function",
              "function": {"name": call.name, "arguments": call.arguments}}
             for call in completion.reply.tool_calls]
 
@@ -272,7 +272,7 @@ def response_body(completion: Completion, options: dict[str, Any], model: str) -
         message["tool_calls"] = calls
     if reply.reasoning is not None:
         message["reasoning_content"] = reply.reasoning
-    return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
+    return {"id": new_id("chatcmpl-"), "object": "chat.completion", "created": int(time.time()),
             "model": options["model"] or model,
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(completion)}],
             "usage": _usage(completion)}

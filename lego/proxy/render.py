@@ -58,6 +58,7 @@ VERBATIM_ROLES = frozenset({"user", "tool", "system"})  # roles a skeleton rende
 HEADER_CACHE = 32  # first turns (system prompt + tools) whose tokens a process keeps
 SKELETON_CACHE = 4096  # conversation shapes whose skeleton a renderer keeps
 THREAD_ENCODE_CHARS = 16384  # texts at least this long are tokenized on a worker thread
+_NOT_ASCII = object()  # a token whose text alone is not ASCII (ChatRenderer.decode)
 _PROBED: dict[str, bool] = {}  # chat template -> whether skeletons render it exactly (checked once per process)
 
 
@@ -105,6 +106,9 @@ class ChatRenderer:
         # piece by piece).
         self.decodes_by_concatenation = self._fast_decode is not None and _decoder_type(self._fast) == "ByteLevel"
         self._token_texts: dict[int, str] = {}  # end-of-turn token -> its text (decode_after)
+        # token -> its text where that is ASCII (whole characters alone, so the text of a sequence of such tokens is
+        # theirs put together), else _NOT_ASCII: a reply is decoded without the tokenizer's call
+        self._ascii_texts: dict[int, object] | None = {} if self.decodes_by_concatenation else None
         probe = [{"role": "user", "content": BOUNDARY}]
         without = self.render(probe, [], add_generation_prompt=False)
         self.generation_prompt = self.render(probe, [], add_generation_prompt=True)[len(without):]
@@ -157,6 +161,20 @@ class ChatRenderer:
         return await asyncio.get_running_loop().run_in_executor(self._workers(), self.encode, text)
 
     def decode(self, ids: list[int]) -> str:
+        texts = self._ascii_texts
+        if texts is not None:  # a concatenating decoder: an all-ASCII text is its tokens' texts put together
+            pieces = list(map(texts.get, ids))
+            if None in pieces:
+                for token in ids:
+                    if token not in texts:
+                        text = self._decode([token])
+                        texts[token] = text if text.isascii() else _NOT_ASCII
+                pieces = list(map(texts.get, ids))
+            if _NOT_ASCII not in pieces:
+                return "".join(pieces)  # type: ignore[arg-type]
+        return self._decode(ids)
+
+    def _decode(self, ids: list[int]) -> str:
         if self._fast_decode is not None:
             return self._fast_decode.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)

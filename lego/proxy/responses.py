@@ -37,7 +37,6 @@ Not read, and why that is harmless: item ids and status, output_text annotations
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
@@ -51,6 +50,7 @@ from lego.proxy.messages import (
     arguments_text,
     expect,
     function_tool,
+    new_id,
     text_of,
 )
 from lego.proxy.session import Completion, ToolChoice
@@ -276,10 +276,10 @@ def output_items(completion: Completion, namespaces: dict[str, str] | None = Non
     reply = completion.reply
     items: list[dict[str, Any]] = []
     if reply.reasoning:
-        items.append({"type": "reasoning", "id": f"rs_{secrets.token_hex(12)}",
+        items.append({"type": "reasoning", "id": new_id("rs_"),
                       "summary": [{"type": "summary_text", "text": reply.reasoning}]})
     if reply.content or not reply.tool_calls:
-        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "status": "completed",
+        items.append({"type": "message", "id": new_id("msg_"), "status": "completed",
                       "role": "assistant",
                       "content": [{"type": "output_text", "text": reply.content, "annotations": []}]})
     for call in reply.tool_calls:
@@ -289,7 +289,7 @@ def output_items(completion: Completion, namespaces: dict[str, str] | None = Non
 
 def function_call_item(call: ToolCall, namespaces: dict[str, str] | None = None) -> dict[str, Any]:
     """The output item of one tool call (a streamed reply sends each as it is written)."""
-    item = {"type": "function_call", "id": f"fc_{secrets.token_hex(12)}", "call_id": f"call_{secrets.token_hex(12)}",
+    item = {"type": "function_call", "id": new_id("fc_"), "call_id": new_id("call_"),
             "name": call.name, "arguments": call.arguments, "status": "completed"}
     if namespaces and call.name in namespaces:
         # A namespace's tool is called with its namespace named, or the client cannot route the call
@@ -306,7 +306,7 @@ def _usage(completion: Completion) -> dict[str, Any]:
 
 def response_body(completion: Completion, options: dict[str, Any], model: str,
                   items: list[dict[str, Any]] | None = None, response_id: str | None = None) -> dict[str, Any]:
-    return {"id": response_id or f"resp_{secrets.token_hex(12)}", "object": "response",
+    return {"id": response_id or new_id("resp_"), "object": "response",
             "created_at": int(time.time()), "status": "completed", "model": options["model"] or model,
             "output": output_items(completion, options.get("namespaces")) if items is None else items,
             "parallel_tool_calls": options.get("tool_choice") is None or options["tool_choice"].parallel,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 from abc import ABC, abstractmethod
 from typing import Any
@@ -30,7 +29,7 @@ from aiohttp import web
 
 from lego.errors import tail
 from lego.proxy import anthropic, openai_chat, responses
-from lego.proxy.messages import RequestError
+from lego.proxy.messages import RequestError, new_id
 from lego.proxy.render import ChatRenderer
 from lego.proxy.reply import ReplyEvent, ReplyReader, StreamDecoder
 from lego.proxy.session import Completion, Session
@@ -82,7 +81,7 @@ class StreamWriter(ABC):
 class OpenAIChatWriter(StreamWriter):
     def __init__(self, options: dict[str, Any], model: str) -> None:
         super().__init__(options, model)
-        self.base = {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion.chunk",
+        self.base = {"id": new_id("chatcmpl-"), "object": "chat.completion.chunk",
                      "created": int(time.time()), "model": self.model}
         self.calls = 0
 
@@ -103,7 +102,7 @@ class OpenAIChatWriter(StreamWriter):
             else:
                 call, index = event.call, self.calls
                 self.calls += 1
-                lines.append(self._chunk({"tool_calls": [{"index": index, "id": f"call_{secrets.token_hex(12)}",
+                lines.append(self._chunk({"tool_calls": [{"index": index, "id": new_id("call_"),
                                                           "type": "function",
                                                           "function": {"name": call.name, "arguments": ""}}]}))
                 lines.append(self._chunk({"tool_calls": [{"index": index,
@@ -136,7 +135,7 @@ class AnthropicWriter(StreamWriter):
         return b"event: " + kind.encode() + b"\ndata: " + to_json({"type": kind, **data}) + b"\n\n"
 
     def start(self, prompt_tokens: int) -> list[bytes]:
-        message = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": self.model,
+        message = {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": self.model,
                    "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": prompt_tokens, "output_tokens": 1, "cache_creation_input_tokens": 0,
                              "cache_read_input_tokens": 0}}
@@ -174,7 +173,7 @@ class AnthropicWriter(StreamWriter):
                 lines.append(self._delta({"type": "text_delta", "text": event.text}))
             else:
                 call = event.call
-                self._begin("tool_use", {"type": "tool_use", "id": f"toolu_{secrets.token_hex(12)}",
+                self._begin("tool_use", {"type": "tool_use", "id": new_id("toolu_"),
                                          "name": call.name, "input": {}}, lines)
                 lines.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
                 self._close(lines)
@@ -200,7 +199,7 @@ class ResponsesWriter(StreamWriter):
     def __init__(self, options: dict[str, Any], model: str) -> None:
         super().__init__(options, model)
         self.sequence = 0
-        self.response_id = f"resp_{secrets.token_hex(12)}"
+        self.response_id = new_id("resp_")
         self.created_at = int(time.time())
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the reasoning or message item being written
@@ -270,13 +269,13 @@ class ResponsesWriter(StreamWriter):
         for event in events:
             if event.kind == "reasoning":
                 if self.open is None or self.open["type"] != "reasoning":
-                    self._begin({"type": "reasoning", "id": f"rs_{secrets.token_hex(12)}", "summary": []}, lines)
+                    self._begin({"type": "reasoning", "id": new_id("rs_"), "summary": []}, lines)
                 self.text += event.text
                 lines.append(self._event("response.reasoning_summary_text.delta", {**self._ref(),
                                                                                     "delta": event.text}))
             elif event.kind == "content":
                 if self.open is None or self.open["type"] != "message":
-                    self._begin({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "status": "completed",
+                    self._begin({"type": "message", "id": new_id("msg_"), "status": "completed",
                                  "role": "assistant", "content": []}, lines)
                 self.text += event.text
                 lines.append(self._event("response.output_text.delta", {**self._ref(), "delta": event.text}))
@@ -299,7 +298,7 @@ class ResponsesWriter(StreamWriter):
         lines: list[bytes] = []
         if not any(item["type"] in ("message", "function_call") for item in self.items):
             # as a whole answer: a message, even empty, when there is no tool call
-            self._begin({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "status": "completed",
+            self._begin({"type": "message", "id": new_id("msg_"), "status": "completed",
                          "role": "assistant", "content": []}, lines)
         self._close(lines)
         final = responses.response_body(completion, self.options, self.model, self.items, self.response_id)
