@@ -596,7 +596,7 @@ def _count_tokens(tokenizer, shape: Shape) -> int:
                                              tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
-def run_bench(sessions: int = 64, turns: int = 4, rounds: int = 3,
+def run_bench(sessions: int = 64, turns: int = 4, rounds: int = 7,
               shape_names: tuple[str, ...] = ("mini_swe_agent", "claude_code"),
               modes: tuple[bool, ...] = (False, True)) -> dict[str, Any]:
     from lego.engine.tokenizer import ensure_tokenizer, load_tokenizer
@@ -659,4 +659,4 @@ def _env_int(name: str, default: int) -> int:
 @register("proxy")
 def bench_proxy(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
     return run_bench(sessions=_env_int(SESSIONS_ENV, 64), turns=_env_int(TURNS_ENV, 4),
-                     rounds=_env_int(ROUNDS_ENV, 3))
+                     rounds=_env_int(ROUNDS_ENV, 7))
