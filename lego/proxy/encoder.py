@@ -65,6 +65,16 @@ CHECK_TEXTS = (
 )
 
 
+def _positions_of_none(pieces: list, count: int) -> list[int]:
+    """Where the `count` Nones in `pieces` are: found by C-level scans, not a Python loop over every piece."""
+    where: list[int] = []
+    index = -1
+    for _ in range(count):
+        index = pieces.index(None, index + 1)
+        where.append(index)
+    return where
+
+
 class WordCacheEncoder:
     """Tokens of ASCII text, as the tokenizer gives them (see the module docstring). Build it with `for_tokenizer`."""
 
@@ -208,12 +218,8 @@ class WordCacheEncoder:
         cache = self._units
         pieces = list(map(cache.get, units))
         missing = pieces.count(None)
-        if missing:  # units not seen before: found by C-level scans, not a Python loop over every unit
-            where: list[int] = []
-            index = -1
-            for _ in range(missing):
-                index = pieces.index(None, index + 1)
-                where.append(index)
+        if missing:  # units not seen before
+            where = _positions_of_none(pieces, missing)
             unseen = list(dict.fromkeys([units[index] for index in where]))
             tokens = self._words_bytes([unit.replace(HELD_SPACE, " ") for unit in unseen])
             if tokens is None:
@@ -229,20 +235,15 @@ class WordCacheEncoder:
     def _words_bytes(self, texts: list[str]) -> list[bytes] | None:
         """Each text's tokens, from its words' (split by the pattern, each kept), or None when the pattern does not
         cover a text (never expected)."""
-        split = [self._split.findall(text) for text in texts] if len(texts) == 1 else \
-            list(map(self._split.findall, texts))
+        split = list(map(self._split.findall, texts))
         words = split[0] if len(split) == 1 else list(chain.from_iterable(split))
         if "".join(words) != ("".join(texts) if len(texts) > 1 else texts[0]):
             return None
         cache = self._cache
         pieces = list(map(cache.get, words))
         missing = pieces.count(None)
-        if missing:  # unseen words (a new path, a hash): tokenized by the tokenizer's BPE, all in one call
-            where: list[int] = []
-            index = -1
-            for _ in range(missing):
-                index = pieces.index(None, index + 1)
-                where.append(index)
+        if missing:  # unseen words (a new path, a hash): tokenized by the BPE model
+            where = _positions_of_none(pieces, missing)
             unseen = list(dict.fromkeys([words[index] for index in where]))
             found = {word: array("i", ids).tobytes()
                      for word, ids in zip(unseen, self._encode_words(unseen), strict=True)}
