@@ -99,7 +99,7 @@ for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
 # Run as the agent's uid: kill every process of it but this one and its ancestors (the exec's bash and timeout).
 # Unlike DockerSandbox.reclaim_processes it spares nothing that claims to be Lego's: the graded code could claim it.
 KILL_LEFTOVERS = r"""
-import os, signal
+import os, signal, time
 def parent(pid):
     with open(f"/proc/{pid}/stat", "rb") as f:
         return int(f.read().rsplit(b")", 1)[1].split()[1])
@@ -108,25 +108,32 @@ while pid > 1:
     mine.add(pid)
     pid = parent(pid)
 uid = os.getuid()
-for _ in range(200):
+# Until none is left, for up to 20 s: a killed process takes its time to exit on a loaded machine, and one
+# may fork while the others are killed.
+deadline = time.monotonic() + 20
+while True:
     victims = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) not in mine and int(entry) != 1:
             try:
                 if os.stat(f"/proc/{entry}").st_uid == uid:
                     with open(f"/proc/{entry}/stat", "rb") as f:
-                        if f.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                        if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
                             victims.append(int(entry))
             except (OSError, IndexError):
                 pass
     if not victims:
         print("no leftovers")
         break
+    if time.monotonic() > deadline:
+        print("still running:", victims)
+        break
     for victim in victims:
         try:
             os.kill(victim, signal.SIGKILL)
         except OSError:
             pass
+    time.sleep(0.01)
 """
 
 
