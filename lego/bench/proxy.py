@@ -19,8 +19,10 @@ results are its own (generated per session and turn, `FRESH_WORDS` of their word
 Measured per target (direct to the upstream, through the pass-through, through the proxy), first turns and later
 turns apart (all sessions finish their first turn before any starts its second): the target server's CPU per call,
 and the client's p50/p90 latency. `added_p50_ms` is a target's p50 minus the direct p50 in the same round; `ratio`
-is proxy over pass-through (CPU per call, added p50). Each configuration runs `rounds` times, targets interleaved;
-the reported numbers are medians over rounds. Set LEGO_BENCH_PROXY_SESSIONS / _TURNS / _ROUNDS for a smaller run.
+is proxy over pass-through: for CPU per call, per round and then the median over rounds (the targets of a round
+run one after the other, so a slow spell of a shared machine touches both); for the added p50, of the medians (one
+round's added p50 can be near zero or below). Each configuration runs `rounds` times, targets interleaved; the other
+reported numbers are medians over rounds. Set LEGO_BENCH_PROXY_SESSIONS / _TURNS / _ROUNDS for a smaller run.
 """
 
 from __future__ import annotations
@@ -577,8 +579,11 @@ def _compare(merged: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, 
         row["direct"] = {"p50_ms": merged["direct"][phase]["p50_ms"],
                          "upstream_cpu_ms_per_call": merged["direct"][phase]["cpu_ms_per_call"]}
         proxy, passthrough = row["proxy"], row["passthrough"]
+        # per round, then the median: the two ran seconds apart, so a machine's slow spell cancels out
+        cpu_ratios = [one["proxy"][phase]["cpu_ms_per_call"] / max(one["passthrough"][phase]["cpu_ms_per_call"], 1e-9)
+                      for one in rounds]
         row["ratio"] = {
-            "cpu_per_call": round(proxy["cpu_ms_per_call"] / max(passthrough["cpu_ms_per_call"], 1e-9), 2),
+            "cpu_per_call": round(statistics.median(cpu_ratios), 2),
             # The pass-through's added p50 is a fraction of a millisecond at low load: floored at 0.05 ms.
             "added_p50": round(max(proxy["added_p50_ms"], 0.0) / max(passthrough["added_p50_ms"], 0.05), 2)}
         out[phase] = row
