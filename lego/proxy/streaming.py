@@ -330,24 +330,29 @@ class ReplyStreamer:
                                      concatenates=renderer.decodes_by_concatenation)
         self.reader = ReplyReader(options["parse_tools"], renderer.thinking)
         self.response: web.StreamResponse | None = None
+        self._unsent: list[bytes] = []  # the opening events, until the first piece of the reply goes with them
 
     @property
     def started(self) -> bool:
         return self.response is not None
 
     async def _open(self, prompt_tokens: int) -> None:
+        """Open the response. Its opening events go out with the first piece of the reply, in one write."""
         self.response = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await self.response.prepare(self.request)
-        await self.response.write(b"".join(self.writer.start(prompt_tokens)))
+        self._unsent = self.writer.start(prompt_tokens)
+
+    def _take_unsent(self) -> list[bytes]:
+        lines, self._unsent = self._unsent, []
+        return lines
 
     async def tokens(self, prompt_tokens: int, ids: list[int]) -> None:
         if self.response is None:
             await self._open(prompt_tokens)
         text = self.decoder.feed(ids)
-        if text:
-            lines = self.writer.events(self.reader.feed(text))
-            if lines:
-                await self.response.write(b"".join(lines))
+        lines = self.writer.events(self.reader.feed(text)) if text else []
+        if lines or self._unsent:
+            await self.response.write(b"".join(self._take_unsent() + lines))
 
     async def finish(self, completion: Completion) -> web.StreamResponse:
         if self.response is None:  # nothing was sampled before the end
@@ -356,8 +361,8 @@ class ReplyStreamer:
             raise RuntimeError("the streamed text is not the start of the reply's text; the tokenizer does not "
                                "decode token by token as it decodes a whole reply")
         events, _ = self.reader.finish(completion.reply.text)
-        await self.response.write(b"".join(self.writer.events(events) + self.writer.finish(completion)))
-        await self.response.write_eof()
+        lines = self._take_unsent() + self.writer.events(events) + self.writer.finish(completion)
+        await self.response.write_eof(b"".join(lines))  # the last events and the end of the stream, in one write
         return self.response
 
     async def fail(self, exc: Exception, session: Session) -> web.StreamResponse:
@@ -370,8 +375,7 @@ class ReplyStreamer:
             session.internal_errors.append(tail(f"{type(exc).__name__}: {exc}"))
             error = RequestError(f"internal proxy error: {type(exc).__name__}: {exc}", status=500, kind="api_error")
         try:
-            await self.response.write(b"".join(self.writer.error(error)))
-            await self.response.write_eof()
+            await self.response.write_eof(b"".join(self._take_unsent() + self.writer.error(error)))
         except ConnectionError:  # the client is gone: nobody to tell
             pass
         return self.response
