@@ -159,6 +159,24 @@ def test_long_texts_cut_into_units_tokenize_as_the_tokenizer(tokenizer):
         assert encoder.encode(joined) == fast.encode(joined, add_special_tokens=False).ids, repr(joined)
 
 
+def test_long_units_and_words_are_tokenized_each_time_not_kept(tokenizer):
+    """A text without spaces (a base64 blob, minified JSON) is one unit: it is tokenized exactly, every time, and
+    not kept, so the caches' memory does not grow with how long the texts are."""
+    from lego.proxy.encoder import CACHED_CHARS
+
+    fast = tokenizer._tokenizer
+    encoder = WordCacheEncoder.for_tokenizer(fast)
+    rng = random.Random(23)
+    blobs = ["".join(rng.choice("ABCDEFabcdef0123456789+/=") for _ in range(2000)),
+             "x" * 3000, '{"a":[1,2,3],"b":{"c":"' + "d" * 500 + '"}}' * 20]
+    for blob in blobs:
+        text = "result: " + blob + " done\n" + blob
+        for _ in range(2):
+            assert encoder.encode(text) == fast.encode(text, add_special_tokens=False).ids
+    kept = [*encoder._units, *encoder._cache]
+    assert kept and max(map(len, kept)) <= min(CACHED_CHARS, 1000)  # every blob's units are 2,000+ characters
+
+
 def test_the_word_cache_refuses_a_tokenizer_it_cannot_match():
     from tokenizers import Tokenizer, models, pre_tokenizers
 

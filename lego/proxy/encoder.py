@@ -48,12 +48,16 @@ ASCII_SPLITS = {
                            r"\s*[\r\n]+|\s+(?!\S)|\s+", re.ASCII),
 }
 ASCII_NORMALIZERS = {None, "NFC", "NFD", "NFKC", "NFKD"}  # each leaves ASCII text unchanged
-CACHED_WORDS = 200_000  # words whose tokens an encoder keeps (then it starts over)
+CACHED_WORDS = 200_000  # words (and, apart, units) whose tokens an encoder keeps (then it starts over)
+# Longer words and units are tokenized each time, not kept: a text without spaces (a base64 blob, minified JSON) is
+# one unit, and keeping such ones would let the cache's memory grow with the texts' length, not only their number.
+CACHED_CHARS = 128
 SHORT_SEGMENT = 32  # texts between added tokens this short are kept whole, beside the words
 # Marks in a text being cut into units: a space that is not a cut (it follows whitespace), and a cut. ASCII, so that
 # the marked text stays one byte per character; a text that has either is tokenized by words instead.
 HELD_SPACE, CUT = "\x00", "\x01"
-_WHITESPACE_THEN_SPACE = tuple(f"{c} " for c in "\t\n\r\x0b\x0c")  # a space after a space: in two passes
+# whitespace other than a space, then a space (a space after a space is held in two passes of its own)
+_WHITESPACE_THEN_SPACE = tuple(f"{c} " for c in "\t\n\r\x0b\x0c")
 _NO_CUT = tuple(CUT + c for c in "\t\n\r\x0b\x0c" + HELD_SPACE)  # after a newline, but before whitespace
 CHECK_TEXTS = (
     "".join(chr(code) for code in range(128)),
@@ -227,9 +231,10 @@ class WordCacheEncoder:
             found = dict(zip(unseen, tokens, strict=True))
             for index in where:
                 pieces[index] = found[units[index]]
-            if len(cache) + len(found) > CACHED_WORDS:
+            kept = {unit: data for unit, data in found.items() if len(unit) <= CACHED_CHARS}
+            if len(cache) + len(kept) > CACHED_WORDS:
                 cache.clear()
-            cache.update(found)
+            cache.update(kept)
         return b"".join(pieces)  # type: ignore[arg-type]
 
     def _words_bytes(self, texts: list[str]) -> list[bytes] | None:
@@ -249,11 +254,12 @@ class WordCacheEncoder:
                      for word, ids in zip(unseen, self._encode_words(unseen), strict=True)}
             for index in where:
                 pieces[index] = found[words[index]]
-            if len(cache) + len(found) > CACHED_WORDS:  # start over, keeping these texts' words
+            found_kept = {word: data for word, data in found.items() if len(word) <= CACHED_CHARS}
+            if len(cache) + len(found_kept) > CACHED_WORDS:  # start over, keeping these texts' words
                 kept = {word: cache[word] for word in set(words).intersection(cache)}
                 cache.clear()
                 cache.update(kept)
-            cache.update(found)
+            cache.update(found_kept)
         if len(texts) == 1:
             return [b"".join(pieces)]  # type: ignore[arg-type]
         out: list[bytes] = []

@@ -17,8 +17,12 @@ reward. Lego does the same in its own grading sandbox, apart from the agent's:
   test.sh), nor replace, rename, remove or read them (the sticky bit), and a write redates them, so "written" is
   told from "left empty";
 - when test.sh has exited, the processes it left behind are listed (evidence) and killed before the keeper reads
-  the reward files, so nothing writes a reward after test.sh is done. (Named pipes would record every write, but
-  successive writes merge in a pipe; a file's last write is what Harbor reads.)
+  the reward files. (Named pipes would record every write, but successive writes merge in a pipe; a file's last
+  write is what Harbor reads.) Between test.sh's exit and the kill (the exec returning, the listing: tens of
+  milliseconds) a process it left can still write a reward file: a loop writing one over and over was measured to
+  end as a malformed reward (infra, which a control run blames on a patch) but can land a whole write. Not closed
+  yet: that needs every process of the graded user gone the instant test.sh exits (a PID namespace it is the init
+  of), not a kill after.
 
 Outcomes: reward >= 1 resolved, below it unresolved (the value is kept as evidence); a missing or malformed
 reward, or test.sh running past the verifier timeout, is infra_error with the reason. As in grader.py, such a
