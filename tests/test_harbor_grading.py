@@ -113,7 +113,28 @@ echo 0 > /logs/verifier/reward.txt
     assert outcome.evidence["reward_files_written"] == ["reward.txt"]  # the symlink went nowhere
     for word in ("REMOVED", "REPLACED", "READ"):
         assert word not in outcome.test_log
-    assert any("sleep 300" in line for line in outcome.evidence["outlived_test_sh"])
+    assert outcome.evidence["test_sh"]["seconds"] < 60  # nothing it left held the grading up
+
+
+# Processes test.sh leaves to write reward 1 the moment it has exited, each watching for that moment its own way:
+# polling test.sh's pid, a detached session polling pid 1, one deaf to every catchable signal, one holding the
+# reward file open from before. With a kill sent after test.sh's exit, the first wrote 1 in every run.
+WATCHERS = """cd /app
+( while [ -d /proc/$$ ]; do :; done; echo 1 > /logs/verifier/reward.txt ) &
+( setsid bash -c 'while [ -d /proc/1 ]; do :; done; echo 1 > /logs/verifier/reward.txt' & ) &
+( trap '' TERM INT HUP QUIT USR1 USR2; while [ -d /proc/$$ ]; do :; done; echo 1 > /logs/verifier/reward.txt ) &
+( exec 3>>/logs/verifier/reward.txt; while [ -d /proc/$$ ]; do :; done; echo 1 >&3 ) &
+sleep 0.5
+echo 0 > /logs/verifier/reward.txt
+"""
+
+
+def test_nothing_test_sh_leaves_can_write_a_reward_after_it(harbor_verifier, harbor_task, tmp_path):
+    task = _variant(harbor_task, tmp_path, "watchers", WATCHERS)
+    for _ in range(3):
+        outcome = harbor_verifier.verify(task, diff="", actions=[])
+        assert outcome.kind == OutcomeKind.unresolved, outcome.evidence
+        assert outcome.evidence["reward"] == 0.0, outcome.evidence
 
 
 @pytest.mark.parametrize(("name", "test_sh", "timeout_s", "check"), [
@@ -130,13 +151,30 @@ def test_no_reward_is_infra_never_a_reward(harbor_verifier, harbor_task, tmp_pat
     assert outcome.evidence["check"] == check and outcome.evidence["error"]
 
 
-def test_a_patch_that_kills_test_sh_is_blamed_not_infra(harbor_verifier, harbor_task):
-    # Killing test.sh leaves no reward: without the control run that would be infra, a way out of the loss.
-    kill = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,5 @@\n+import os\n"
-            "+import signal\n+os.kill(os.getppid(), signal.SIGKILL)\n def add(a, b):\n     return a - b\n")
+def _calc_patch(*lines: str) -> str:
+    added = "".join(f"+{line}\n" for line in lines)
+    return (f"diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,{len(lines) + 2} @@\n"
+            f"{added} def add(a, b):\n     return a - b\n")
+
+
+def test_the_graded_code_cannot_kill_test_sh(harbor_verifier, harbor_task):
+    # test.sh is its sandbox's init: a signal from inside that it does not handle never reaches it, so the code
+    # under test cannot end it before it writes its verdict (or after writing a hopeful one).
+    kill = _calc_patch("import os", "import signal", "os.kill(os.getppid(), signal.SIGKILL)",
+                       "os.kill(1, signal.SIGKILL)", "os.kill(-1, signal.SIGKILL)")
     outcome = harbor_verifier.verify(harbor_task, diff=kill, actions=[])
     assert outcome.kind == OutcomeKind.unresolved, outcome.evidence
-    assert outcome.evidence["check"] == "reward_missing_caused_by_patch"
+    assert outcome.evidence["check"] == "harbor_reward" and outcome.evidence["reward"] == 0.0
+
+
+def test_a_patch_that_leaves_no_reward_is_blamed_not_infra(harbor_verifier, harbor_task, tmp_path):
+    # A run that ends with no reward (here: past the verifier's time) would be infra without the control run,
+    # a way out of the loss; the control run, without the patch, yields a reward, so the patch is to blame.
+    task = _variant(harbor_task, tmp_path, "short", PASSING_TESTS, timeout_s=15.0)
+    hang = _calc_patch("import time", "time.sleep(3600)")
+    outcome = harbor_verifier.verify(task, diff=hang, actions=[])
+    assert outcome.kind == OutcomeKind.unresolved, outcome.evidence
+    assert outcome.evidence["check"] == "verifier_timeout_caused_by_patch"
 
 
 def test_bundled_set_exported_to_harbor_gets_the_same_verdicts(harbor_verifier, verifier, lego_config, tmp_path):

@@ -132,3 +132,79 @@ def test_proxy_channel_through_unix_socket_and_loopback_relay(factory, calc_imag
     server.close()
     # The health check asked the proxy for the session, through the relay.
     assert requests[0].startswith(b"GET /s/session-1/v1/models HTTP/1.0\r\n")
+
+
+# Left behind by a last command: one child that polls for the command's exit, one detached into its own session
+# (double fork, setsid) that polls for pid 1, and one that ignores every catchable signal. Each writes LATE to the
+# shared volume the moment it sees the command gone. A kill sent after the command's exit loses to them.
+LEAVES_WATCHERS = """echo "pid $$"
+( while [ -d /proc/$$ ]; do :; done; echo LATE-child >> /shared/late ) &
+( setsid bash -c 'while [ -d /proc/1 ]; do :; done; echo LATE-session >> /shared/late' & ) &
+( trap '' TERM INT HUP QUIT; while [ -d /proc/$$ ]; do :; done; echo LATE-deaf >> /shared/late ) &
+sleep 0.3
+echo done > /shared/result
+exit 7
+"""
+
+
+def test_a_last_command_ends_its_sandbox_and_nothing_it_left_acts_after_it(factory, calc_image):
+    from lego.sandbox import SandboxError
+    from lego.sandbox.docker_sandbox import KEEPER_USER, LastCommand, LastCommandError
+
+    volume = factory.scratch_volume("test-last-command", 16)
+    try:
+        with factory.open(calc_image, purpose="holder", volumes={volume: "/shared"}, repository=False) as holder:
+            assert holder.exec("ls /repo | wc -l").output.strip() == "0"  # no repository copied in
+            holder.exec("chmod 1777 /shared", user=KEEPER_USER)
+            last = LastCommand(argv=("bash", "-c", LEAVES_WATCHERS), workdir="/repo", env={"LEGO_PROBE": "x"})
+            for round_ in range(3):
+                holder.exec("rm -f /shared/late /shared/result", workdir="/")
+                with factory.open(calc_image, volumes={volume: "/shared"}, last_command=last) as sandbox:
+                    assert sandbox.exec("cat calc.py").exit_code == 0  # before the go: an ordinary sandbox
+                    result = sandbox.run_last_command(timeout=60)
+                    assert (result.exit_code, result.timed_out) == (7, False), result
+                    assert "pid 1" in result.output  # the command itself was the namespace's init
+                    assert not sandbox.is_running()
+                    with pytest.raises(SandboxError, match="last command"):
+                        sandbox.exec("true")
+                    with pytest.raises(LastCommandError, match="already"):
+                        sandbox.run_last_command(timeout=5)
+                assert holder.exec("cat /shared/result", workdir="/").output.strip() == "done"
+                late = holder.exec("cat /shared/late 2>/dev/null", workdir="/").output
+                assert "LATE" not in late, (round_, late)
+    finally:
+        factory.remove_volume(volume)
+
+
+def test_a_last_command_past_its_time_is_killed_with_everything_in_its_sandbox(factory, calc_image):
+    from lego.sandbox.docker_sandbox import KEEPER_USER, LastCommand
+
+    volume = factory.scratch_volume("test-last-command", 16)
+    try:
+        with factory.open(calc_image, purpose="holder", volumes={volume: "/shared"}, repository=False) as holder:
+            holder.exec("chmod 1777 /shared", user=KEEPER_USER)
+            script = ("( trap '' TERM; sleep 3; echo LATE > /shared/late ) & echo started; pwd; "
+                      "echo $LEGO_PROBE; sleep 120")
+            last = LastCommand(argv=("bash", "-c", script), workdir="/repo", env={"LEGO_PROBE": "probe-env"})
+            with factory.open(calc_image, volumes={volume: "/shared"}, last_command=last) as sandbox:
+                result = sandbox.run_last_command(timeout=2)
+                assert result.timed_out and result.exit_code != 0, result
+                assert result.output.split() == ["started", "/repo", "probe-env"]
+            holder.exec("sleep 4", workdir="/")
+            assert "LATE" not in holder.exec("cat /shared/late 2>/dev/null", workdir="/").output
+    finally:
+        factory.remove_volume(volume)
+
+
+def test_scratch_volumes_of_a_dead_owner_are_reaped(docker_engine, factory):
+    from lego.sandbox.docker_sandbox import LABEL, reap_stale_containers
+
+    mine = factory.scratch_volume("test-reap", 1)
+    orphan = docker_engine.client.volumes.create(labels={LABEL: "1", "lego.owner_pid": "999999999"}).name
+    try:
+        reap_stale_containers(docker_engine.client)
+        names = {volume.name for volume in docker_engine.client.volumes.list(filters={"label": LABEL})}
+        assert orphan not in names and mine in names
+    finally:
+        factory.remove_volume(mine)
+        factory.remove_volume(orphan)

@@ -13,6 +13,14 @@ runs as AGENT_UID unless told otherwise. Both are numeric uids without /etc/pass
 the repository, its home (AGENT_HOME) and what it writes to /tmp, and nothing else: it cannot signal the
 keeper's processes, so it can neither stop the container nor kill or replace the relay. All capabilities
 are dropped and no-new-privileges is set, so no setuid binary in a task image gives any of them back.
+
+A sandbox can be opened with a last command (LastCommand: what grading runs last, a Harbor test.sh). Its main
+process is then a gate, as the agent, that waits on a FIFO and, at DockerSandbox.run_last_command, replaces itself
+with the command: the command is the init of the container's PID namespace, and when it exits the kernel kills
+every other process in the container before the exit is reported. Nothing the command left running can act after
+it, which no kill issued afterwards could promise (a process can write in the time a kill takes to arrive). What
+must outlive the container goes through a scratch volume (DockerSandboxFactory.scratch_volume) that a second
+sandbox, out of the command's reach, also mounts.
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ import socket
 import threading
 import time
 import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import docker
+import requests
 from docker.errors import APIError, DockerException, NotFound
 
 from lego.config import SandboxConfig
@@ -48,6 +58,9 @@ KEEPER_USER = f"{KEEPER_UID}:{KEEPER_UID}"
 AGENT_HOME = "/home/agent"  # the agent's writable home (a tmpfs it owns); HOME in every exec
 PROXY_MOUNT = "/lego-proxy"  # where the rollout's own proxy socket directory is mounted, read-only
 _OPEN: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
+GATE = "/tmp/.lego-last-command"  # the FIFO a last-command sandbox's main process waits on
+# The main process of a last-command sandbox: wait for the go, then become the command (exec keeps pid 1).
+GATE_SCRIPT = 'mkfifo -m 600 "$0" && read go < "$0" && rm -f "$0" && cd "$1" && shift && exec "$@"'
 RELAY_LOG = "/tmp/.lego-relay.log"  # written by the keeper: the agent can read it, not change it
 KEEP_ENV = "LEGO_KEEP=1"  # in a process's environment: Lego's own (the proxy relay), spared by reclaim
 # SIGKILL every process but init, the container's `sleep infinity`, Lego's own and this one, until none is
@@ -118,31 +131,60 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _owner_alive(labels: dict[str, str], host: str) -> bool:
+    owner = int(labels.get("lego.owner_pid", "0") or 0)
+    return labels.get("lego.host") == host and bool(owner) and _pid_alive(owner)
+
+
 def reap_stale_containers(client: docker.DockerClient) -> list[str]:
-    """Remove sandboxes whose owner process (on this host) is gone. Returns their names."""
+    """Remove sandboxes, and then scratch volumes, whose owner process (on this host) is gone. Returns the
+    sandboxes' names."""
     reaped = []
     host = socket.gethostname()
     # The low-level list reads every container's labels in one call; the high-level one inspects each container
     # after listing, and a sandbox that another process closes in between would fail the whole reap (NotFound).
     for container in client.api.containers(all=True, filters={"label": LABEL}):
-        labels = container.get("Labels") or {}
-        owner = int(labels.get("lego.owner_pid", "0") or 0)
-        if labels.get("lego.host") == host and owner and _pid_alive(owner):
+        if _owner_alive(container.get("Labels") or {}, host):
             continue
         try:
             client.api.remove_container(container["Id"], force=True)
             reaped.append((container.get("Names") or [container["Id"]])[0].lstrip("/"))
         except NotFound:
             pass
+    for volume in client.api.volumes(filters={"label": LABEL}).get("Volumes") or []:
+        if not _owner_alive(volume.get("Labels") or {}, host):
+            try:
+                client.api.remove_volume(volume["Name"])
+            except (NotFound, APIError):
+                pass  # still mounted by a container that a live owner holds
     return reaped
 
 
+@dataclass(frozen=True)
+class LastCommand:
+    """What a sandbox ends with: `argv`, run as the agent from `workdir` with `env` added to the container's, as
+    the init of the container's PID namespace (see the module docstring). Its output (stdout and stderr) is kept
+    in the container's log, the last `output_limit` bytes at most."""
+
+    argv: tuple[str, ...]
+    workdir: str
+    env: dict[str, str] = field(default_factory=dict)
+    output_limit: int = 4 << 20
+
+
+class LastCommandError(SandboxError):
+    """A sandbox's last command could not be started (the gate never came up, or it was run already)."""
+
+
 class DockerSandbox:
-    def __init__(self, client: docker.DockerClient, container, workdir: str, config: SandboxConfig):
+    def __init__(self, client: docker.DockerClient, container, workdir: str, config: SandboxConfig,
+                 last_command: LastCommand | None = None):
         self.client = client
         self.container = container
         self.workdir = workdir
         self.config = config
+        self.last_command = last_command
+        self.ended = False  # the last command was started: the container ends with it, no exec after
         self.closed = False
         # Set by the factory when the proxy session is reached through a tunnel (lego.sandbox.tunnel) instead of a
         # bind-mounted socket: the session socket's directory on this (the worker's) machine.
@@ -177,6 +219,8 @@ class DockerSandbox:
         """Run `command` with bash, as `user` ("uid:gid"; the agent, AGENT_USER, unless told otherwise)."""
         if self.closed:
             raise SandboxError(f"sandbox {self.name} is closed")
+        if self.ended:
+            raise SandboxError(f"sandbox {self.name} ran its last command; nothing runs in it after that")
         timeout = float(timeout or self.config.exec_timeout_s)
         limit = output_limit or self.config.output_limit_bytes
         # `timeout` signals the whole process group: children die with the command.
@@ -240,6 +284,51 @@ class DockerSandbox:
         timed_out = hard_timeout or (exit_code in (124, 137) and duration >= timeout - 0.5)
         return ExecResult(int(exit_code), output, timed_out=timed_out, truncated=state["truncated"],
                           duration_s=duration)
+
+    def run_last_command(self, timeout: float) -> ExecResult:
+        """Start the sandbox's last command and wait for the container to end with it (at most `timeout` seconds,
+        then it is killed from outside, with everything in it: timed_out). When this returns, no process of the
+        sandbox is left; the container is kept, stopped, until close()."""
+        if self.last_command is None:
+            raise LastCommandError(f"sandbox {self.name} was opened without a last command")
+        if self.ended:
+            raise LastCommandError(f"sandbox {self.name} ran its last command already")
+        deadline = time.monotonic() + 30
+        while self.exec(f"test -p {GATE}", timeout=10, workdir="/").exit_code != 0:
+            if not self.is_running() or time.monotonic() > deadline:
+                raise LastCommandError(f"the gate of sandbox {self.name} never came up (its main process waits "
+                                       f"on {GATE}); container log: {tail(self._log(4096))}")
+            time.sleep(0.05)
+        self.ended = True
+        api = self.client.api
+        started = time.monotonic()
+        try:
+            # Detached: the writer may itself be killed when a quick command ends the container.
+            go = api.exec_create(self.container.id, ["sh", "-c", f"printf 'go\\n' > {GATE}"], workdir="/",
+                                 user=AGENT_USER)["Id"]
+            api.exec_start(go, detach=True)
+        except (APIError, DockerException) as exc:
+            raise LastCommandError(f"starting the last command in {self.name} failed: {exc}") from exc
+        timed_out = False
+        try:
+            status = api.wait(self.container.id, timeout=timeout)
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            timed_out = True
+            try:
+                api.kill(self.container.id)  # from outside its PID namespace: its init, and so everything, dies
+            except (APIError, DockerException):
+                pass  # it ended meanwhile
+            status = api.wait(self.container.id, timeout=60)
+        duration = time.monotonic() - started
+        output = self._log(self.last_command.output_limit)
+        return ExecResult(int(status.get("StatusCode", -1)), output, timed_out=timed_out, duration_s=duration)
+
+    def _log(self, limit: int) -> str:
+        try:
+            data = self.client.api.logs(self.container.id, stdout=True, stderr=True)
+        except (APIError, DockerException) as exc:
+            return f"(the container's log could not be read: {exc})"
+        return data[-limit:].decode("utf-8", errors="replace")
 
     def _stops_within(self, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -483,7 +572,9 @@ class DockerSandboxFactory:
             reap_stale_containers(client)
 
     def open_task(self, task: Task, *, purpose: str, mounts: dict[str, str] | None = None,
-                  proxy_socket_dir: Path | None = None, labels: dict[str, str] | None = None) -> DockerSandbox:
+                  proxy_socket_dir: Path | None = None, labels: dict[str, str] | None = None,
+                  volumes: dict[str, str] | None = None, last_command: LastCommand | None = None,
+                  repository: bool = True) -> DockerSandbox:
         if self.base_image is None:
             raise SandboxError("this sandbox factory has no base image to build task images on; pass "
                                "base_image= (lego.sandbox.image.ensure_base_image gives it)")
@@ -491,21 +582,25 @@ class DockerSandboxFactory:
 
         image = ensure_task_image(self.client, task, self.base_image)
         return self.open(image, task.environment.workdir, purpose=purpose, mounts=mounts,
-                         proxy_socket_dir=proxy_socket_dir, labels=labels)
+                         proxy_socket_dir=proxy_socket_dir, labels=labels, volumes=volumes,
+                         last_command=last_command, repository=repository)
 
     def open(self, image: str, workdir: str = "/repo", *, purpose: str = "agent",
              mounts: dict[str, str] | None = None, proxy_socket_dir: Path | None = None,
-             labels: dict[str, str] | None = None) -> DockerSandbox:
+             labels: dict[str, str] | None = None, volumes: dict[str, str] | None = None,
+             last_command: LastCommand | None = None, repository: bool = True) -> DockerSandbox:
         """Start a container; `mounts` maps host paths to read-only container paths (harness runtimes, grader
         files: they must be readable by AGENT_UID). `proxy_socket_dir` is the directory of this sandbox's own
         proxy socket (one per rollout, see ProxyServer.open_session), mounted read-only at PROXY_MOUNT: the
-        agent can connect through the relay but neither replace the socket nor write to the host there."""
+        agent can connect through the relay but neither replace the socket nor write to the host there.
+        `volumes` maps scratch volumes (scratch_volume) to writable container paths; `last_command` makes the
+        sandbox end with it (see the module docstring); `repository=False` skips copying the repository in."""
         cfg = self.config
-        volumes = {host: {"bind": target, "mode": "ro"} for host, target in (mounts or {}).items()}
+        binds = {host: {"bind": target, "mode": "ro"} for host, target in (mounts or {}).items()}
+        binds.update({name: {"bind": target, "mode": "rw"} for name, target in (volumes or {}).items()})
         if proxy_socket_dir is not None and self.proxy_channel == "mount":
-            volumes[str(proxy_socket_dir)] = {"bind": PROXY_MOUNT, "mode": "ro"}
-        all_labels = {LABEL: "1", "lego.owner_pid": str(os.getpid()), "lego.host": socket.gethostname(),
-                      "lego.purpose": purpose, **(labels or {})}
+            binds[str(proxy_socket_dir)] = {"bind": PROXY_MOUNT, "mode": "ro"}
+        all_labels = {**self._owner_labels(), "lego.purpose": purpose, **(labels or {})}
         owned = f"uid={AGENT_UID},gid={AGENT_UID}"  # the agent's own writable places
         tmpfs = {
             workdir: f"size={cfg.disk_limit_mb}m,exec,mode=755,{owned}",
@@ -514,23 +609,55 @@ class DockerSandboxFactory:
             "/var/tmp": "size=64m,mode=1777",
             "/run": "size=16m,mode=755",
         }
+        main: dict = {"command": ["sleep", "infinity"], "init": True, "user": KEEPER_USER,
+                      "environment": {"HOME": AGENT_HOME}}
+        if last_command is not None:
+            # No docker-init: the command itself must be the namespace's init. The log keeps its output's tail.
+            half = max(last_command.output_limit // 2, 64 << 10)
+            main = {"command": ["sh", "-c", GATE_SCRIPT, GATE, last_command.workdir, *last_command.argv],
+                    "init": False, "user": AGENT_USER, "environment": {"HOME": AGENT_HOME, **last_command.env},
+                    "log_config": {"type": "json-file", "config": {"max-size": str(half), "max-file": "2"}}}
         try:
             container = self.client.containers.run(
-                image, ["sleep", "infinity"], detach=True, network_mode="none", read_only=True, tmpfs=tmpfs,
+                image, detach=True, network_mode="none", read_only=True, tmpfs=tmpfs,
                 nano_cpus=int(cfg.cpus * 1e9), mem_limit=cfg.memory, memswap_limit=cfg.memory,
-                pids_limit=cfg.pids_limit, labels=all_labels, volumes=volumes, working_dir="/",
-                init=True, stop_signal="SIGKILL",
+                pids_limit=cfg.pids_limit, labels=all_labels, volumes=binds, working_dir="/",
+                stop_signal="SIGKILL",
                 # No root and no capabilities, none to regain (setuid binaries included); execs default to the
                 # container's user, so DockerSandbox.exec always names its user (the agent unless told).
-                user=KEEPER_USER, cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
-                environment={"HOME": AGENT_HOME},
+                cap_drop=["ALL"], security_opt=["no-new-privileges:true"], **main,
             )
         except (APIError, DockerException) as exc:
             raise SandboxError(f"starting a sandbox from {image} failed: {exc}") from exc
-        sandbox = DockerSandbox(self.client, container, workdir, cfg)
+        sandbox = DockerSandbox(self.client, container, workdir, cfg, last_command=last_command)
         if proxy_socket_dir is not None and self.proxy_channel == "tunnel":
             sandbox.tunnel_socket_dir = Path(proxy_socket_dir)
-        return copy_pristine_repository(sandbox, workdir)
+        return copy_pristine_repository(sandbox, workdir) if repository else sandbox
+
+    @staticmethod
+    def _owner_labels() -> dict[str, str]:
+        return {LABEL: "1", "lego.owner_pid": str(os.getpid()), "lego.host": socket.gethostname()}
+
+    def scratch_volume(self, purpose: str, size_mb: int, owner_uid: int = KEEPER_UID) -> str:
+        """A new named volume in memory (tmpfs, at most `size_mb`), its root owned by `owner_uid` (mode 755), for
+        sandboxes to share (open's `volumes`). Its content lives while some container mounts it; remove it with
+        remove_volume (a dead owner's are reaped like its sandboxes)."""
+        try:
+            volume = self.client.volumes.create(
+                driver="local", labels={**self._owner_labels(), "lego.purpose": purpose},
+                driver_opts={"type": "tmpfs", "device": "tmpfs",
+                             "o": f"size={int(size_mb)}m,uid={owner_uid},gid={owner_uid},mode=755"})
+        except (APIError, DockerException) as exc:
+            raise SandboxError(f"creating a scratch volume for {purpose} failed: {exc}") from exc
+        return volume.name
+
+    def remove_volume(self, name: str) -> None:
+        try:
+            self.client.api.remove_volume(name, force=True)
+        except NotFound:
+            pass
+        except (APIError, DockerException):
+            pass  # reaped at the next start
 
 
 def copy_pristine_repository(sandbox: DockerSandbox, workdir: str) -> DockerSandbox:

@@ -9,32 +9,35 @@ reward. Lego does the same in its own grading sandbox, apart from the agent's:
   (lego/verify/cheat.py: test files, conftest.py, paths outside the repository dropped and flagged) and applied
   with `git apply`, exactly as lego/verify/grader.py does;
 - tests/ is copied in only now (a read-only mount at /tests): the agent's sandbox never had it;
-- /logs is a read-only mount whose `verifier` entry leads to a directory the sandbox's second user (the keeper,
-  which the agent's uid cannot signal or impersonate) creates after the patch is applied, under a random name.
-  It is sticky and world-writable, so test.sh can write its logs there; reward.txt and reward.json in it are
-  empty files the keeper made, writable but not readable by others (mode 0622) and dated 1970: the graded code
-  can neither create them before test.sh (the patch only reaches the repository, and nothing of it runs before
-  test.sh), nor replace, rename, remove or read them (the sticky bit), and a write redates them, so "written" is
-  told from "left empty";
-- when test.sh has exited, the processes it left behind are listed (evidence) and killed before the keeper reads
-  the reward files. (Named pipes would record every write, but successive writes merge in a pipe; a file's last
-  write is what Harbor reads.) Between test.sh's exit and the kill (the exec returning, the listing: tens of
-  milliseconds) a process it left can still write a reward file: a loop writing one over and over was measured to
-  end as a malformed reward (infra, which a control run blames on a patch) but can land a whole write. Not closed
-  yet: that needs every process of the graded user gone the instant test.sh exits (a PID namespace it is the init
-  of), not a kill after.
+- /logs is a scratch volume in memory whose `verifier` directory the keeper (the sandboxes' second user, which the
+  agent's uid cannot signal or impersonate) prepares from a second sandbox, the reward holder, which mounts the
+  same volume and in which no graded code ever runs. The directory is sticky and world-writable, so test.sh can
+  write its logs there; reward.txt and reward.json in it are empty files the keeper made, writable but not
+  readable by others (mode 0622) and dated 1970: the graded code can neither create them before test.sh (the
+  patch only reaches the repository, and nothing of it runs before test.sh), nor replace, rename, remove or read
+  them (the sticky bit), and a write redates them, so "written" is told from "left empty";
+- test.sh is the grading sandbox's last command (lego.sandbox.docker_sandbox.LastCommand): it runs as the init of
+  the container's PID namespace, so when it exits the kernel kills every process it left behind before its exit
+  is even reported: nothing the graded code started can write a reward after test.sh is done, however it waits
+  for that moment. (A kill sent after test.sh's exit, as before, left tens of milliseconds in which a process
+  that watched for the exit wrote reward 1 every time.) As an init, test.sh also cannot be killed by what it
+  runs: signals from inside the namespace that it does not handle are ignored. Only then does the keeper read
+  the reward files, in the holder. (Named pipes would record every write, but successive writes merge in a
+  pipe; a file's last write is what Harbor reads.)
 
 Outcomes: reward >= 1 resolved, below it unresolved (the value is kept as evidence); a missing or malformed
 reward, or test.sh running past the verifier timeout, is infra_error with the reason. As in grader.py, such a
 failure with a non-empty patch is attributed by a control run without the patch: when that run yields a reward,
-the patch caused the failure (unresolved), or killing test.sh would be a way out of the loss.
+the patch caused the failure (unresolved), or hanging or breaking test.sh would be a way out of the loss.
 
 The trust boundary that remains, as in Harbor itself: test.sh runs the graded code as its own user, so code that
 runs during test.sh can write the reward files while test.sh runs (a write after test.sh's own final write and
 before it exits wins), and can make the test command report success (exit 0 from inside the tests). Lego's
 SWE-bench-format runner (lego/verify/runner/) closes these for pytest; a Harbor test.sh is opaque to it. The
-evidence keeps which reward files were written and every process that outlived test.sh, so such runs can be found
-afterwards.
+evidence keeps which reward files were written, so such runs can be found afterwards.
+
+One difference from Harbor, which execs test.sh beside the environment's main process: as an init, a test.sh that
+signals itself (`kill $$`) without a handler for that signal goes on running instead of ending.
 """
 
 from __future__ import annotations
@@ -42,11 +45,9 @@ from __future__ import annotations
 import base64
 import json
 import math
-import secrets
 import shutil
 import stat
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +56,7 @@ from pydantic import BaseModel, Field
 
 from lego.errors import LegoError, tail
 from lego.records import Outcome, OutcomeKind
-from lego.sandbox import Sandbox
-from lego.sandbox.docker_sandbox import AGENT_UID, KEEPER_USER, DockerSandbox
+from lego.sandbox.docker_sandbox import KEEPER_USER, DockerSandbox, DockerSandboxFactory, LastCommand
 from lego.sandbox.harbor_image import harbor_sandbox_task
 from lego.tasksets.task import Task, harbor_recipe
 from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 TESTS_MOUNT = "/tests"
 LOGS_MOUNT = "/logs"
-CHANNEL_ROOT = "/tmp/lego-harbor-"  # + a random token per grading run
+CHANNEL_MOUNT = "/lego-reward"  # where the reward holder mounts the volume the grading sandbox has at /logs
 REWARD_NAMES = ("reward.json", "reward.txt")  # Harbor reads reward.json first
 MAX_REWARD_BYTES = 1 << 20
 CHANNEL_MARKER = "LEGO-HARBOR-CHANNEL:"
@@ -88,57 +88,7 @@ for name in names:
 print(marker + json.dumps(found))
 """
 
-# Processes of the agent's uid still alive (test.sh has exited): evidence of what could have written late.
-LEFTOVERS = rf"""
-import os
-for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
-    try:
-        uid = os.stat(f"/proc/{{pid}}").st_uid
-        cmd = open(f"/proc/{{pid}}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        continue
-    if uid == {AGENT_UID} and cmd:
-        print(pid, cmd[:200])
-"""
-# Run as the agent's uid: kill every process of it but this one and its ancestors (the exec's bash and timeout).
-# Unlike DockerSandbox.reclaim_processes it spares nothing that claims to be Lego's: the graded code could claim it.
-KILL_LEFTOVERS = r"""
-import os, signal, time
-def parent(pid):
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
-mine, pid = set(), os.getpid()
-while pid > 1:
-    mine.add(pid)
-    pid = parent(pid)
-uid = os.getuid()
-# Until none is left, for up to 20 s: a killed process takes its time to exit on a loaded machine, and one
-# may fork while the others are killed.
-deadline = time.monotonic() + 20
-while True:
-    victims = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in mine and int(entry) != 1:
-            try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
-                            victims.append(int(entry))
-            except (OSError, IndexError):
-                pass
-    if not victims:
-        print("no leftovers")
-        break
-    if time.monotonic() > deadline:
-        print("still running:", victims)
-        break
-    for victim in victims:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except OSError:
-            pass
-    time.sleep(0.01)
-"""
+CHANNEL_MB = 64  # the reward volume: test.sh's logs in /logs/verifier count against it
 
 
 class HarborTaskError(LegoError):
@@ -146,7 +96,7 @@ class HarborTaskError(LegoError):
 
 
 class HarborChannelUnsupported(LegoError):
-    """The sandbox backend cannot run Lego's reward reader as a user apart from the graded code's."""
+    """The sandbox backend cannot run test.sh as the init of its sandbox, or read the reward from apart."""
 
 
 class HarborFailure(InfraFailure):
@@ -168,7 +118,6 @@ class HarborRun(BaseModel):
     seconds: float
     log: str = ""
     written: list[RewardFile] = Field(default_factory=list)  # the reward files test.sh wrote
-    leftovers: list[str] = Field(default_factory=list)
     read: bool = True  # False: the keeper could not read the reward files back intact
 
 
@@ -269,7 +218,7 @@ class HarborGrading:
         evidence: dict[str, Any] = {"dropped_files": [part.path for part in screening.dropped],
                                     "network_attempts": network_attempts(actions), "grading": "harbor"}
         served = harbor_sandbox_task(self.verifier.client, task)
-        with self._open(served, "verify") as (sandbox, channel):
+        with self._open(served, "verify") as (sandbox, holder):
             base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
             evidence.update(action_probes(actions, task, base_files))
             for rule, items in scan_actions(actions, task, base_files).items():
@@ -280,7 +229,7 @@ class HarborGrading:
                     evidence.update(check="agent_patch_does_not_apply", apply_output=tail(applied.output))
                     return self.verifier._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "",
                                                   None)
-            run = self._run_tests(sandbox, channel, task)
+            run = self._run_tests(sandbox, holder, task)
         evidence.update(self._run_evidence(run))
         try:
             reward = self._reward(run)
@@ -309,8 +258,8 @@ class HarborGrading:
         """test.sh without the agent's patch: does this task's grading yield a reward at all?"""
         try:
             served = harbor_sandbox_task(self.verifier.client, task)
-            with self._open(served, "verify-control") as (sandbox, channel):
-                run = self._run_tests(sandbox, channel, task)
+            with self._open(served, "verify-control") as (sandbox, holder):
+                run = self._run_tests(sandbox, holder, task)
             self._reward(run)
         except (InfraFailure, LegoError, DockerException, OSError) as exc:
             return False, f"{type(exc).__name__}: {exc}"
@@ -319,7 +268,7 @@ class HarborGrading:
     @staticmethod
     def _run_evidence(run: HarborRun) -> dict[str, Any]:
         return {"test_sh": {"exit_code": run.exit_code, "timed_out": run.timed_out, "seconds": round(run.seconds, 3)},
-                "reward_files_written": [file.name for file in run.written], "outlived_test_sh": run.leftovers}
+                "reward_files_written": [file.name for file in run.written]}
 
 
     def solution_diff(self, task: Task, timeout_s: float = 600.0) -> str:
@@ -349,73 +298,75 @@ class HarborGrading:
     def _open(self, task: Task, purpose: str) -> _Opened:
         return _Opened(self, task, purpose)
 
-    def _run_tests(self, sandbox: Sandbox, channel: str, task: Task) -> HarborRun:
-        keeper = _keeper(sandbox)
+    def _run_tests(self, sandbox: DockerSandbox, holder: DockerSandbox, task: Task) -> HarborRun:
+        result = sandbox.run_last_command(self.timeout_s(task))
+        # test.sh has exited and, with it, everything in its sandbox: the reward files are what it left.
         names = ",".join(REWARD_NAMES)
-        setup = (f"set -e; umask 022; mkdir -m 755 {channel}; mkdir -m 1777 {channel}/verifier; "
-                 + "; ".join(f"f={channel}/verifier/{name}; : > $f; chmod 622 $f; touch -d @0 $f"
-                             for name in REWARD_NAMES))
-        started = keeper(setup, 30)
-        if started.exit_code != 0:
-            raise HarborFailure("reward_channel_broken", f"preparing the reward files in {sandbox.name} failed: "
-                                f"{tail(started.output)}")
-        recipe = harbor_recipe(task) or {}
-        env = {str(key): str(value) for key, value in ((recipe.get("config") or {}).get("verifier") or {})
-               .get("env", {}).items()}
-        timeout = self.timeout_s(task)
-        began = time.monotonic()
-        # As Harbor does: the script itself (its shebang), from the environment's working directory.
-        result = sandbox.exec(f"{TESTS_MOUNT}/test.sh 2>&1", timeout=timeout, env=env, output_limit=4 << 20)
-        seconds = time.monotonic() - began
-        leftovers = [line for line in keeper(f"python3 -c {_quote(LEFTOVERS)}", 30).output.splitlines() if line]
-        killed = sandbox.exec(f"python3 -c {_quote(KILL_LEFTOVERS)}", timeout=60, workdir="/")
-        if "no leftovers" not in killed.output:
-            raise HarborFailure("reward_channel_broken", "the processes test.sh left could not all be killed, so "
-                                f"the reward files cannot be read apart from them: {tail(killed.output)}")
-        read = keeper(f"python3 -c {_quote(READ_REWARDS)} {channel} {names} {MAX_REWARD_BYTES} {CHANNEL_MARKER}", 60)
+        read = holder.exec(f"python3 -c {_quote(READ_REWARDS)} {CHANNEL_MOUNT} {names} {MAX_REWARD_BYTES} "
+                           f"{CHANNEL_MARKER}", timeout=60, workdir="/", user=KEEPER_USER)
         line = next((line for line in reversed(read.output.splitlines()) if line.startswith(CHANNEL_MARKER)), None)
         found = json.loads(line[len(CHANNEL_MARKER):]) if line is not None else {}
         intact = line is not None and all(entry["regular"] for entry in found.values())
         written = [RewardFile(name=name, size=entry["size"], data=base64.b64decode(entry["data"]))
                    for name, entry in found.items() if entry["written"]]
-        return HarborRun(exit_code=result.exit_code, timed_out=result.timed_out, seconds=seconds,
-                         log=tail(result.output, 200_000), written=written, leftovers=leftovers, read=intact)
+        return HarborRun(exit_code=result.exit_code, timed_out=result.timed_out, seconds=result.duration_s,
+                         log=tail(result.output, 200_000), written=written, read=intact)
 
 
 class _Opened:
-    """A grading sandbox for a Harbor task with /tests and /logs mounted; yields (sandbox, channel directory)."""
+    """A grading sandbox for a Harbor task, ending with test.sh, with /tests mounted and /logs a scratch volume that
+    the reward holder (a second sandbox, nothing graded in it) mounts too; yields (sandbox, holder)."""
 
     def __init__(self, grading: HarborGrading, task: Task, purpose: str):
         self.grading, self.task, self.purpose = grading, task, purpose
         self.staging: Path | None = None
-        self.sandbox: Sandbox | None = None
+        self.volume: str | None = None
+        self.opened: list[DockerSandbox] = []
 
-    def __enter__(self) -> tuple[Sandbox, str]:
+    def __enter__(self) -> tuple[DockerSandbox, DockerSandbox]:
         recipe = self.grading.check(self.task)
-        self.staging = Path(tempfile.mkdtemp(prefix="lego-harbor-"))
+        factory = self.grading.verifier.factory
+        if not isinstance(factory, DockerSandboxFactory):
+            raise HarborChannelUnsupported(
+                f"the sandbox backend {type(factory).__name__} cannot run test.sh as the init of its sandbox with "
+                "the reward read from a second one, which Harbor grading needs so that nothing the graded code "
+                "starts can write a reward after test.sh; grade Harbor tasks with the Docker sandbox backend")
         try:
+            self.staging = Path(tempfile.mkdtemp(prefix="lego-harbor-"))
             self.staging.chmod(0o755)
             tests = _stage_dir(Path(recipe["tests_dir"]), self.staging / "tests-copy")
             (tests / "test.sh").chmod(0o755)  # Harbor makes it executable too
-            logs = self.staging / "logs"
-            logs.mkdir(mode=0o755)
-            logs.chmod(0o755)
-            channel = CHANNEL_ROOT + secrets.token_hex(8)
-            # /logs is read-only; its `verifier` leads into the sandbox's /tmp, where the keeper makes the channel.
-            (logs / "verifier").symlink_to(f"{channel}/verifier")
             (self.staging / "tests-copy").chmod(0o755)
-            self.sandbox = self.grading.verifier.factory.open_task(
-                self.task, purpose=self.purpose, mounts={str(tests): TESTS_MOUNT, str(logs): LOGS_MOUNT},
-                labels={"lego.task": self.task.instance_id})
+            self.volume = factory.scratch_volume(f"{self.purpose}-reward", CHANNEL_MB)
+            labels = {"lego.task": self.task.instance_id}
+            holder = factory.open_task(self.task, purpose=f"{self.purpose}-reward", labels=labels,
+                                       volumes={self.volume: CHANNEL_MOUNT}, repository=False)
+            self.opened.append(holder)
+            setup = (f"set -e; umask 022; mkdir -m 1777 {CHANNEL_MOUNT}/verifier; "
+                     + "; ".join(f"f={CHANNEL_MOUNT}/verifier/{name}; : > $f; chmod 622 $f; touch -d @0 $f"
+                                 for name in REWARD_NAMES))
+            prepared = holder.exec(setup, timeout=30, workdir="/", user=KEEPER_USER)
+            if prepared.exit_code != 0:
+                raise HarborFailure("reward_channel_broken", f"preparing the reward files in {holder.name} failed: "
+                                    f"{tail(prepared.output)}")
+            env = {str(key): str(value) for key, value in ((recipe.get("config") or {}).get("verifier") or {})
+                   .get("env", {}).items()}
+            # As Harbor does: the script itself (its shebang), from the environment's working directory.
+            last = LastCommand(argv=(f"{TESTS_MOUNT}/test.sh",), workdir=self.task.environment.workdir, env=env)
+            sandbox = factory.open_task(self.task, purpose=self.purpose, mounts={str(tests): TESTS_MOUNT},
+                                        volumes={self.volume: LOGS_MOUNT}, last_command=last, labels=labels)
+            self.opened.append(sandbox)
         except BaseException:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            self.__exit__()
             raise
-        return self.sandbox, channel
+        return sandbox, holder
 
     def __exit__(self, *exc: object) -> None:
         try:
-            if self.sandbox is not None:
-                self.sandbox.close()
+            for sandbox in reversed(self.opened):
+                sandbox.close()
+            if self.volume is not None:
+                self.grading.verifier.factory.remove_volume(self.volume)
         finally:
             if self.staging is not None:
                 shutil.rmtree(self.staging, ignore_errors=True)
@@ -425,17 +376,3 @@ def _quote(script: str) -> str:
     import shlex
 
     return shlex.quote(script)
-
-
-def _keeper(sandbox: Sandbox):
-    """Run a command as the sandbox's keeper: the user whose files and processes the graded code cannot touch."""
-    if not isinstance(sandbox, DockerSandbox):
-        raise HarborChannelUnsupported(
-            f"sandbox {sandbox.name} ({type(sandbox).__name__}) cannot run commands as a second user, which Harbor "
-            "grading needs to hold the reward channel apart from the graded code; grade Harbor tasks with the "
-            "Docker sandbox backend")
-
-    def run(command: str, timeout: float):
-        return sandbox.exec(command, timeout=timeout, workdir="/", user=KEEPER_USER)
-
-    return run
