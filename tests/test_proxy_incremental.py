@@ -290,3 +290,47 @@ def test_a_reply_decoded_once_reads_as_decoded_whole(tokenizer):
     for _ in range(300):
         shown = [rng.randrange(151643) for _ in range(rng.randint(0, 8))]
         assert renderer.decode_after(renderer.decode(shown), shown, [*shown, end]) == renderer.decode([*shown, end])
+
+
+def _candidates_by_full_sort(branches, keys):
+    """The order `_candidates` must give: every checkpoint within each branch's shared run of keys, sorted."""
+    from lego.proxy.session import Checkpoint, common_prefix
+
+    found = []
+    for order, branch in enumerate(branches):
+        known = common_prefix(keys, branch.keys)
+        found += [(c.messages, order, branch, c) for c in branch.checkpoints if 0 < c.messages <= known]
+    found.sort(key=lambda c: (c[0], c[1]), reverse=True)
+    return [(branch, checkpoint) for _, _, branch, checkpoint in found] + [(None, Checkpoint(0, 0))]
+
+
+def test_start_candidates_come_best_first_as_a_full_sort_orders_them():
+    """A request's starting points are tried best first without listing every checkpoint of a long rollout; the
+    order is the full sort's, on branches as sessions build them (non-decreasing message counts, repeats, forks
+    sharing a prefix of keys, keys that differ anywhere)."""
+    import random
+
+    from lego.proxy.session import Branch, Checkpoint, SegmentReason, Thread, _candidates, common_prefix
+
+    rng = random.Random(7)
+    thread = Thread("sig", 0, True)
+    for _ in range(400):
+        keys = [f"k{rng.randrange(3)}" for _ in range(rng.randrange(0, 40))]
+        branches = []
+        for _ in range(rng.randrange(0, 5)):
+            branch = Branch(thread, SegmentReason.start)
+            cut = rng.randrange(0, len(keys) + 1)
+            branch.keys = keys[:cut] + [f"x{rng.randrange(2)}" for _ in range(rng.randrange(0, 6))]
+            messages = 0
+            for _ in range(rng.randrange(0, 30)):
+                messages += rng.choice((0, 0, 1, 1, 2))
+                branch.checkpoints.append(Checkpoint(messages, messages * 10))
+            branches.append(branch)
+        got = [(branch, checkpoint) for branch, checkpoint in _candidates(branches, keys)]
+        want = _candidates_by_full_sort(branches, keys)
+        assert [(id(b), id(c)) for b, c in got[:-1]] == [(id(b), id(c)) for b, c in want[:-1]]
+        assert got[-1][0] is None and got[-1][1] == Checkpoint(0, 0)
+        for branch in branches:  # the C-level shortcut agrees with a walk over both lists
+            walked = next((i for i, (x, y) in enumerate(zip(keys, branch.keys, strict=False)) if x != y),
+                          min(len(keys), len(branch.keys)))
+            assert common_prefix(keys, branch.keys) == walked

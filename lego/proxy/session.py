@@ -79,7 +79,7 @@ import json
 import re
 import time
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -267,12 +267,49 @@ def agent_signature(conversation: Conversation) -> str:
 
 
 def common_prefix(a: list[str], b: list[str]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case (a request extends a branch), compared in C: a long history costs little
+        return n
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
     return n
+
+
+def _candidates(branches: list[Branch], keys: list[str]) -> Iterator[tuple[Branch | None, Checkpoint]]:
+    """Where a request's tokens may start, best first: each branch's checkpoints within the run of keys it shares
+    with the request, the most messages first (then the later branch, then the earlier checkpoint), and last the
+    empty stream. The best is found without listing them all (it is almost always the one taken, and a long
+    rollout's branch has hundreds): a branch's checkpoints never go down in messages along its list (they are
+    appended as it grows, and a fork keeps a prefix of them). The rest are listed only when the best is not taken."""
+    known = [common_prefix(keys, branch.keys) for branch in branches]
+    best: tuple[int, int, int] | None = None  # (messages, order, -index): the greatest is the best
+    for order, branch in enumerate(branches):
+        checkpoints = branch.checkpoints
+        index = len(checkpoints) - 1
+        while index >= 0 and checkpoints[index].messages > known[order]:
+            index -= 1
+        if index < 0 or checkpoints[index].messages <= 0:
+            continue
+        messages = checkpoints[index].messages
+        while index > 0 and checkpoints[index - 1].messages == messages:
+            index -= 1
+        if best is None or (messages, order, -index) > best:
+            best = (messages, order, -index)
+    if best is not None:
+        first_branch = branches[best[1]]
+        first = first_branch.checkpoints[-best[2]]
+        yield first_branch, first
+        rest = [(checkpoint.messages, order, branch, checkpoint)
+                for order, branch in enumerate(branches) for checkpoint in branch.checkpoints
+                if 0 < checkpoint.messages <= known[order]]
+        rest.sort(key=lambda candidate: (candidate[0], candidate[1]), reverse=True)
+        for _, _, branch, checkpoint in rest:
+            if branch is not first_branch or checkpoint is not first:
+                yield branch, checkpoint
+    yield None, Checkpoint(0, 0)
 
 
 class Session:
@@ -398,17 +435,8 @@ class Session:
     async def _plan(self, conversation: Conversation) -> _Plan:
         keys = conversation.keys()
         thread = self._thread_for(conversation, keys)
-        # Candidate starting points: for each branch, checkpoints within the known run of keys, longest first.
-        candidates: list[tuple[int, int, Branch | None, Checkpoint]] = []
-        for order, branch in enumerate(thread.branches):
-            known = common_prefix(keys, branch.keys)
-            for checkpoint in branch.checkpoints:
-                if 0 < checkpoint.messages <= known:
-                    candidates.append((checkpoint.messages, order, branch, checkpoint))
-        candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
-        candidates.append((0, -1, None, Checkpoint(0, 0)))
-        for messages_known, _, branch, checkpoint in candidates:
-            known = max(0, messages_known - 1)  # keys[0] is the tools key
+        for branch, checkpoint in _candidates(thread.branches, keys):
+            known = max(0, checkpoint.messages - 1)  # keys[0] is the tools key
             new = await self.renderer.new_tokens(conversation, known, checkpoint.bridge, start=branch is None)
             if new is None:
                 continue  # the template renders the known part differently now: try an earlier checkpoint

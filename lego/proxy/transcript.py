@@ -68,11 +68,16 @@ class RequestLog:
         last = self._last.get(thread)
         keep = 0
         if last is not None:
-            for ours, theirs in zip(conversation.messages, last.messages, strict=False):
-                # a resent history's messages are the previous request's own objects (lego/proxy/resend.py)
-                if ours is not theirs and ours != theirs:
-                    break
-                keep += 1
+            # a resent history's messages are the previous request's own objects (lego/proxy/resend.py): the list
+            # comparison (in C, each element by identity first) settles the usual case at once
+            shared = min(len(conversation.messages), len(last.messages))
+            if conversation.messages[:shared] == last.messages[:shared]:
+                keep = shared
+            else:
+                for ours, theirs in zip(conversation.messages, last.messages, strict=False):
+                    if ours is not theirs and ours != theirs:
+                        break
+                    keep += 1
         delta: dict[str, Any] = {"base": last.call_index if last is not None else -1, "keep": keep,
                                  "messages": [message_dict(m) for m in conversation.messages[keep:]]}
         if last is None or (conversation.tools is not last.tools and conversation.tools != last.tools):
