@@ -69,14 +69,26 @@ CHECK_TEXTS = (
 )
 
 
-def _positions_of_none(pieces: list, count: int) -> list[int]:
-    """Where the `count` Nones in `pieces` are: found by C-level scans, not a Python loop over every piece."""
-    where: list[int] = []
-    index = -1
-    for _ in range(count):
-        index = pieces.index(None, index + 1)
-        where.append(index)
-    return where
+class _NotCovered(Exception):
+    """The split pattern does not cover a text (never expected): the text goes to the tokenizer."""
+
+
+class _TokenCache(dict):
+    """Text -> its tokens (int32 bytes). A text not in it is tokenized by `make` on the lookup itself (`__missing__`),
+    so a text's pieces are one `map` of lookups joined in C, with no pass to find the ones that were missing. Texts
+    longer than CACHED_CHARS are not kept (see CACHED_CHARS); past CACHED_WORDS entries it starts over."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, text: str) -> bytes:
+        data = self.make(text)
+        if len(text) <= CACHED_CHARS:
+            if len(self) >= CACHED_WORDS:
+                self.clear()
+            self[text] = data
+        return data
 
 
 class WordCacheEncoder:
@@ -93,9 +105,9 @@ class WordCacheEncoder:
         self._added = (re.compile("|".join(re.escape(token) for token in sorted(added, key=len, reverse=True)))
                        if added else None)
         # Tokens as int32 bytes: joined in C, and never walked by the garbage collector.
-        self._cache: dict[str, bytes] = {}  # word -> its tokens
-        self._units: dict[str, bytes] = {}  # unit (held spaces marked) -> its tokens
-        self._segments: dict[str, bytes] = {}  # short text between added tokens -> its tokens
+        self._cache = _TokenCache(self._word_bytes)  # word -> its tokens
+        self._units = _TokenCache(self._unit_bytes)  # unit (held spaces marked) -> its tokens
+        self._segments = _TokenCache(self._text_bytes)  # short text between added tokens -> its tokens
 
     @classmethod
     def for_tokenizer(cls, tokenizer) -> WordCacheEncoder | None:
@@ -180,94 +192,52 @@ class WordCacheEncoder:
             return None
         return b"".join(parts)  # type: ignore[arg-type]
 
-    def _short(self, text: str) -> bytes | None:
-        """Tokens of a short text, kept whole (template text between added tokens: "\n", "assistant\n")."""
-        data = self._segments.get(text)
-        if data is None:
-            found = self._words_bytes([text])
-            if found is None:
-                return None
-            if len(self._segments) >= CACHED_WORDS:
-                self._segments.clear()
-            data = self._segments[text] = found[0]
-        return data
-
     def _segment(self, segment: str) -> bytes | None:
         """Tokens of a text between added tokens: cut into units (see the module docstring), each kept whole."""
-        if len(segment) <= SHORT_SEGMENT:
-            return self._short(segment)
-        if HELD_SPACE in segment or CUT in segment:
-            found = self._words_bytes([segment])
-            return None if found is None else found[0]
-        # (A two-character `in` costs as much as a `replace` that finds nothing; a one-character one, almost
-        # nothing: each pair is looked for only where its first character occurs.)
-        marked = segment
-        held = False
-        if "  " in marked:  # runs of spaces: every second one held, then the rest after a held one
-            marked = marked.replace("  ", " " + HELD_SPACE)
-            held = True
-        for pair in _WHITESPACE_THEN_SPACE:
-            if pair[0] in marked and pair in marked:
-                marked = marked.replace(pair, pair[0] + HELD_SPACE)
+        try:
+            if len(segment) <= SHORT_SEGMENT:  # template text between added tokens ("\n", "assistant\n"): kept whole
+                return self._segments[segment]
+            if HELD_SPACE in segment or CUT in segment:
+                return self._text_bytes(segment)
+            # (A two-character `in` costs as much as a `replace` that finds nothing; a one-character one, almost
+            # nothing: each pair is looked for only where its first character occurs.)
+            marked = segment
+            held = False
+            if "  " in marked:  # runs of spaces: every second one held, then the rest after a held one
+                marked = marked.replace("  ", " " + HELD_SPACE)
                 held = True
-        if held and HELD_SPACE + " " in marked:
-            marked = marked.replace(HELD_SPACE + " ", HELD_SPACE + HELD_SPACE)
-        marked = marked.replace(" ", CUT + " ")  # every space left follows a character that is not whitespace
-        if "\n" in marked:  # after a newline, before a character that is not whitespace
-            marked = marked.replace("\n", "\n" + CUT)
-            for pair in _NO_CUT:
-                if pair[1] in marked and pair in marked:
-                    marked = marked.replace(pair, pair[1])
-        units = marked.split(CUT)
-        cache = self._units
-        pieces = list(map(cache.get, units))
-        missing = pieces.count(None)
-        if missing:  # units not seen before
-            where = _positions_of_none(pieces, missing)
-            unseen = list(dict.fromkeys([units[index] for index in where]))
-            tokens = self._words_bytes([unit.replace(HELD_SPACE, " ") for unit in unseen])
-            if tokens is None:
-                return None
-            found = dict(zip(unseen, tokens, strict=True))
-            for index in where:
-                pieces[index] = found[units[index]]
-            kept = {unit: data for unit, data in found.items() if len(unit) <= CACHED_CHARS}
-            if len(cache) + len(kept) > CACHED_WORDS:
-                cache.clear()
-            cache.update(kept)
-        return b"".join(pieces)  # type: ignore[arg-type]
-
-    def _words_bytes(self, texts: list[str]) -> list[bytes] | None:
-        """Each text's tokens, from its words' (split by the pattern, each kept), or None when the pattern does not
-        cover a text (never expected)."""
-        split = list(map(self._split.findall, texts))
-        words = split[0] if len(split) == 1 else list(chain.from_iterable(split))
-        if "".join(words) != ("".join(texts) if len(texts) > 1 else texts[0]):
+            for pair in _WHITESPACE_THEN_SPACE:
+                if pair[0] in marked and pair in marked:
+                    marked = marked.replace(pair, pair[0] + HELD_SPACE)
+                    held = True
+            if held and HELD_SPACE + " " in marked:
+                marked = marked.replace(HELD_SPACE + " ", HELD_SPACE + HELD_SPACE)
+            marked = marked.replace(" ", CUT + " ")  # every space left follows a character that is not whitespace
+            if "\n" in marked:  # after a newline, before a character that is not whitespace
+                marked = marked.replace("\n", "\n" + CUT)
+                for pair in _NO_CUT:
+                    if pair[1] in marked and pair in marked:
+                        marked = marked.replace(pair, pair[1])
+            return b"".join(map(self._units.__getitem__, marked.split(CUT)))
+        except _NotCovered:
             return None
-        cache = self._cache
-        pieces = list(map(cache.get, words))
-        missing = pieces.count(None)
-        if missing:  # unseen words (a new path, a hash): tokenized by the BPE model
-            where = _positions_of_none(pieces, missing)
-            unseen = list(dict.fromkeys([words[index] for index in where]))
-            found = {word: array("i", ids).tobytes()
-                     for word, ids in zip(unseen, self._encode_words(unseen), strict=True)}
-            for index in where:
-                pieces[index] = found[words[index]]
-            found_kept = {word: data for word, data in found.items() if len(word) <= CACHED_CHARS}
-            if len(cache) + len(found_kept) > CACHED_WORDS:  # start over, keeping these texts' words
-                kept = {word: cache[word] for word in set(words).intersection(cache)}
-                cache.clear()
-                cache.update(kept)
-            cache.update(found_kept)
-        if len(texts) == 1:
-            return [b"".join(pieces)]  # type: ignore[arg-type]
-        out: list[bytes] = []
-        start = 0
-        for count in map(len, split):
-            out.append(b"".join(pieces[start:start + count]))  # type: ignore[arg-type]
-            start += count
-        return out
+
+    def _unit_bytes(self, unit: str) -> bytes:
+        return self._text_bytes(unit.replace(HELD_SPACE, " "))
+
+    def _text_bytes(self, text: str) -> bytes:
+        """A text's tokens, from its words' (split by the pattern, each kept). Raises _NotCovered when the pattern
+        does not cover the text (never expected)."""
+        words = self._split.findall(text)
+        if "".join(words) != text:
+            raise _NotCovered(text)
+        return b"".join(map(self._cache.__getitem__, words))
+
+    def _word_bytes(self, word: str) -> bytes:
+        """An unseen word's tokens (a new path, a hash), by the BPE model (see _encode_words)."""
+        if self._bpe is not None and self._byte_chars is not None:
+            return array("i", [token.id for token in self._bpe.tokenize(word.translate(self._byte_chars))]).tobytes()
+        return array("i", self._model.encode(word, add_special_tokens=False).ids).tobytes()
 
     def _encode_words(self, words: list[str]) -> list[list[int]]:
         """Each word's tokens, by the tokenizer's BPE on that word alone: the model's own `tokenize` of the word's
