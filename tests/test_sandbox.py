@@ -208,3 +208,13 @@ def test_scratch_volumes_of_a_dead_owner_are_reaped(docker_engine, factory):
     finally:
         factory.remove_volume(mine)
         factory.remove_volume(orphan)
+
+
+def test_a_last_command_whose_sandbox_died_first_is_an_error_not_a_wait(factory, calc_image):
+    from lego.sandbox.docker_sandbox import LastCommand, LastCommandError
+
+    last = LastCommand(argv=("true",), workdir="/repo")
+    with factory.open(calc_image, last_command=last) as sandbox:
+        sandbox.container.kill()
+        with pytest.raises(LastCommandError, match="gate .* never came up"):
+            sandbox.run_last_command(timeout=30)

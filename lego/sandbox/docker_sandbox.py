@@ -294,7 +294,12 @@ class DockerSandbox:
         if self.ended:
             raise LastCommandError(f"sandbox {self.name} ran its last command already")
         deadline = time.monotonic() + 30
-        while self.exec(f"test -p {GATE}", timeout=10, workdir="/").exit_code != 0:
+        while True:
+            try:
+                if self.exec(f"test -p {GATE}", timeout=10, workdir="/").exit_code == 0:
+                    break
+            except SandboxError:  # the container is gone: its main process failed before the gate
+                pass
             if not self.is_running() or time.monotonic() > deadline:
                 raise LastCommandError(f"the gate of sandbox {self.name} never came up (its main process waits "
                                        f"on {GATE}); container log: {tail(self._log(4096))}")
