@@ -107,3 +107,63 @@ def test_generate_streaming_hands_on_chunks_and_returns_the_result(fp32_engine):
     received.clear()
     wrapped = asyncio.run(generate_streaming(Counting(fp32_engine), PROMPT, sampling, on_tokens))
     assert Counting.calls == 1 and received == [wrapped.token_ids] and wrapped.token_ids == result.token_ids
+
+
+def test_generate_streaming_batches_what_arrives_while_the_reader_is_busy_and_ends_cleanly():
+    """Beside the real engine: a scripted stream shows the hand-over itself. Chunks that arrive while `on_tokens` is
+    still busy come in one call; tokens sampled before a failure are handed on, then the failure is raised; a
+    consumer cancelled while it waits closes the engine's stream."""
+    from lego.engine.base import GenerateResult
+
+    class Scripted:
+        def __init__(self, steps):
+            self.steps, self.closed = steps, False
+
+        async def stream(self, prompt_ids, sampling):
+            try:
+                for step in self.steps:
+                    if isinstance(step, float):
+                        await asyncio.sleep(step)
+                    elif isinstance(step, Exception):
+                        raise step
+                    else:
+                        yield step
+            finally:
+                self.closed = True
+
+    def chunk(ids, last=False, all_ids=()):
+        result = GenerateResult(token_ids=list(all_ids), logprobs=[0.0] * len(all_ids), routed_experts=None,
+                                finish_reason="stop", prompt_tokens=1) if last else None
+        return TokenChunk(ids, result)
+
+    async def run(engine, slow=0.0, received=None):
+        received = [] if received is None else received
+
+        async def on_tokens(ids):
+            received.append(list(ids))
+            await asyncio.sleep(slow)
+        result = await generate_streaming(engine, [1], SamplingParams(), on_tokens)
+        return received, result
+
+    # the first chunk alone; the next three arrive while on_tokens sleeps, and come together
+    steps = [chunk([1]), 0.01, chunk([2]), chunk([3]), chunk([4], True, [1, 2, 3, 4])]
+    received, result = asyncio.run(run(Scripted(steps), slow=0.05))
+    assert received == [[1], [2, 3, 4]] and result.token_ids == [1, 2, 3, 4]
+    # a failure after tokens: they are handed on, then the failure is the caller's
+    failing, handed = Scripted([chunk([5]), 0.01, chunk([6]), RuntimeError("engine died")]), []
+    try:
+        asyncio.run(run(failing, received=handed))
+        raise AssertionError("the engine's failure must reach the caller")
+    except RuntimeError as exc:
+        assert "engine died" in str(exc)
+    assert handed == [[5], [6]] and failing.closed
+
+    # a consumer cancelled while waiting for tokens ends the engine's stream
+    async def cancel_while_waiting():
+        engine = Scripted([chunk([7]), 30.0, chunk([8], True, [7, 8])])
+        task = asyncio.ensure_future(run(engine))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return engine.closed
+    assert asyncio.run(cancel_while_waiting())

@@ -94,19 +94,30 @@ async def generate_streaming(engine, prompt_ids: list[int], sampling: SamplingPa
         if result.token_ids:
             await on_tokens(list(result.token_ids))
         return result
-    arrived: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
+    # What the reader has handed over and the consumer not taken yet, and the future the consumer waits on when
+    # nothing is there: a list and one wake-up per wait, not an asyncio.Queue put and get per chunk (a chunk is a
+    # token or a few: 2% of a streamed call's instructions went to the queue).
+    arrived: list[TokenChunk | BaseException] = []
+    waiting: list[asyncio.Future] = []
+
+    def hand_over(item: TokenChunk | BaseException) -> None:
+        arrived.append(item)
+        if waiting:
+            waiter = waiting.pop()
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def read() -> None:
         chunks = stream(prompt_ids, sampling)
         try:
             async for chunk in chunks:
-                arrived.put_nowait(chunk)
+                hand_over(chunk)
                 if chunk.result is not None:
                     return
             raise ModelError("the engine's stream ended without a result; its last chunk must carry the "
                              "GenerateResult")
         except BaseException as exc:  # raised to the caller (an engine's own cancellation too)
-            arrived.put_nowait(exc)
+            hand_over(exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -114,13 +125,17 @@ async def generate_streaming(engine, prompt_ids: list[int], sampling: SamplingPa
             if close is not None:  # a reader stopped early (client gone, cancelled) ends the engine's generation
                 await close()
 
+    loop = asyncio.get_running_loop()
     reader = asyncio.create_task(read())
     sent: list[int] = []
     try:
         while True:
-            items = [await arrived.get()]
-            while not arrived.empty():
-                items.append(arrived.get_nowait())
+            if not arrived:
+                waiter = loop.create_future()
+                waiting.append(waiter)
+                await waiter
+            items = arrived[:]
+            arrived.clear()
             tokens: list[int] = []
             final: GenerateResult | None = None
             failure: BaseException | None = None
