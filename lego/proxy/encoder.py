@@ -199,24 +199,22 @@ class WordCacheEncoder:
                 return self._segments[segment]
             if HELD_SPACE in segment or CUT in segment:
                 return self._text_bytes(segment)
-            # (A two-character `in` costs as much as a `replace` that finds nothing; a one-character one, almost
-            # nothing: each pair is looked for only where its first character occurs.)
-            marked = segment
-            held = False
-            if "  " in marked:  # runs of spaces: every second one held, then the rest after a held one
-                marked = marked.replace("  ", " " + HELD_SPACE)
-                held = True
+            # (A one-character `in` costs almost nothing, a two-character one as much as a `replace` that finds
+            # nothing: each pair is replaced only where its first character occurs, with no `in` for the pair.)
+            marked = segment.replace("  ", " " + HELD_SPACE)  # runs of spaces: every second one held, then the rest
+            held = marked is not segment  # (a replace that finds nothing returns its string; a copy only costs a pass)
             for pair in _WHITESPACE_THEN_SPACE:
-                if pair[0] in marked and pair in marked:
+                if pair[0] in marked:
+                    before = marked
                     marked = marked.replace(pair, pair[0] + HELD_SPACE)
-                    held = True
-            if held and HELD_SPACE + " " in marked:
+                    held = held or marked is not before
+            if held:  # after a held one
                 marked = marked.replace(HELD_SPACE + " ", HELD_SPACE + HELD_SPACE)
             marked = marked.replace(" ", CUT + " ")  # every space left follows a character that is not whitespace
             if "\n" in marked:  # after a newline, before a character that is not whitespace
                 marked = marked.replace("\n", "\n" + CUT)
                 for pair in _NO_CUT:
-                    if pair[1] in marked and pair in marked:
+                    if pair[1] in marked:
                         marked = marked.replace(pair, pair[1])
             return b"".join(map(self._units.__getitem__, marked.split(CUT)))
         except _NotCovered:

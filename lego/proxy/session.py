@@ -334,6 +334,7 @@ class Session:
         self._signatures: dict[str, Thread] = {}  # every signature seen -> its thread
         self._branches: list[Branch] = []
         self._calls: list[_Call] = []
+        self._sampling: dict[tuple[int, tuple[str, ...]], SamplingParams] = {}
         self._requests = RequestLog()  # what each call asked, stored as a delta on the thread's previous request
         self.resent = ResentRequests()  # its recent requests' bytes: a resent history is not parsed again
 
@@ -391,8 +392,7 @@ class Session:
             branch.busy = True
             prompt = branch.token_ids[:]  # a snapshot (the branch grows after the call), as a flat array
         new_prompt_tokens = len(plan.new_ids) + len(opening_ids)
-        sampling = SamplingParams(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                                  max_tokens=limit, stop_token_ids=tuple(self.engine.eos_token_ids), stop=stops)
+        sampling = self._sampling_params(limit, stops)
         try:
             if on_tokens is None:
                 result: GenerateResult = await self.engine.generate(prompt, sampling)
@@ -431,6 +431,18 @@ class Session:
                          len(sampled), result.finish_reason, kind, new_prompt_tokens, reply=message)
         return Completion(reply=reply, finish_reason=result.finish_reason, prompt_tokens=len(prompt),
                           completion_tokens=len(result.token_ids), stop_sequence=stop_sequence)
+
+    def _sampling_params(self, limit: int, stops: tuple[str, ...]) -> SamplingParams:
+        """The engine's parameters for a call (frozen, so calls asking the same share one)."""
+        key = (limit, stops)
+        params = self._sampling.get(key)
+        if params is None:
+            if len(self._sampling) >= 64:
+                self._sampling.clear()
+            params = self._sampling[key] = SamplingParams(
+                temperature=self.sampling.temperature, top_p=self.sampling.top_p, max_tokens=limit,
+                stop_token_ids=tuple(self.engine.eos_token_ids), stop=stops)
+        return params
 
     async def _plan(self, conversation: Conversation) -> _Plan:
         keys = conversation.keys()
