@@ -232,17 +232,16 @@ class WordCacheEncoder:
         return b"".join(map(self._cache.__getitem__, words))
 
     def _word_bytes(self, word: str) -> bytes:
-        """An unseen word's tokens (a new path, a hash), by the BPE model (see _encode_words)."""
-        if self._bpe is not None and self._byte_chars is not None:
-            return array("i", [token.id for token in self._bpe.tokenize(word.translate(self._byte_chars))]).tobytes()
-        return array("i", self._model.encode(word, add_special_tokens=False).ids).tobytes()
+        """An unseen word's tokens (a new path, a hash), by the BPE model."""
+        return array("i", self._encode_word(word)).tobytes()
 
-    def _encode_words(self, words: list[str]) -> list[list[int]]:
-        """Each word's tokens, by the tokenizer's BPE on that word alone: the model's own `tokenize` of the word's
-        bytes as the byte-level pre-tokenizer maps them (what the tokenizer does for one word, without building an
+    def _encode_word(self, word: str) -> list[int]:
+        """A word's tokens, by the tokenizer's BPE on that word alone: the model's own `tokenize` of the word's bytes
+        as the byte-level pre-tokenizer maps them (what the tokenizer does for one word, without building an
         encoding around it)."""
         if self._bpe is not None and self._byte_chars is not None:
-            tokenize, chars = self._bpe.tokenize, self._byte_chars
-            return [[token.id for token in tokenize(word.translate(chars))] for word in words]
-        encode = self._model.encode
-        return [encode(word, add_special_tokens=False).ids for word in words]
+            return [token.id for token in self._bpe.tokenize(word.translate(self._byte_chars))]
+        return self._model.encode(word, add_special_tokens=False).ids
+
+    def _encode_words(self, words: list[str]) -> list[list[int]]:
+        return [self._encode_word(word) for word in words]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import logging
 import os
 import re
 import shlex
@@ -50,6 +51,7 @@ from lego.sandbox import SNAPSHOT, ContainerDied, ExecResult, SandboxError
 if TYPE_CHECKING:
     from lego.tasksets.task import Task
 
+log = logging.getLogger(__name__)
 LABEL = "lego.sandbox"
 AGENT_UID = 1000  # runs every exec by default: the harness, its tool calls, the tests, the verifier
 KEEPER_UID = 1001  # runs the container's main process and the proxy relay: out of the agent's reach
@@ -155,8 +157,8 @@ def reap_stale_containers(client: docker.DockerClient) -> list[str]:
         if not _owner_alive(volume.get("Labels") or {}, host):
             try:
                 client.api.remove_volume(volume["Name"])
-            except (NotFound, APIError):
-                pass  # still mounted by a container that a live owner holds
+            except (NotFound, APIError):  # gone already, or still mounted by a container: the next reap takes it
+                pass
     return reaped
 
 
@@ -316,14 +318,18 @@ class DockerSandbox:
             raise LastCommandError(f"starting the last command in {self.name} failed: {exc}") from exc
         timed_out = False
         try:
-            status = api.wait(self.container.id, timeout=timeout)
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            timed_out = True
             try:
-                api.kill(self.container.id)  # from outside its PID namespace: its init, and so everything, dies
-            except (APIError, DockerException):
-                pass  # it ended meanwhile
-            status = api.wait(self.container.id, timeout=60)
+                status = api.wait(self.container.id, timeout=timeout)
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                timed_out = True
+                try:
+                    api.kill(self.container.id)  # from outside its PID namespace: its init, and so everything, dies
+                except (APIError, DockerException):
+                    pass  # it ended meanwhile; a kill that failed otherwise leaves it running: the wait says so
+                status = api.wait(self.container.id, timeout=60)
+        except (requests.exceptions.RequestException, APIError, DockerException) as exc:
+            raise LastCommandError(f"the last command of {self.name} did not end (the engine gave no exit status "
+                                   f"after the kill either): {exc}") from exc
         duration = time.monotonic() - started
         output = self._log(self.last_command.output_limit)
         return ExecResult(int(status.get("StatusCode", -1)), output, timed_out=timed_out, duration_s=duration)
@@ -661,8 +667,8 @@ class DockerSandboxFactory:
             self.client.api.remove_volume(name, force=True)
         except NotFound:
             pass
-        except (APIError, DockerException):
-            pass  # reaped at the next start
+        except (APIError, DockerException) as exc:  # nothing is lost: reaped once this process has exited
+            log.warning("removing scratch volume %s failed (%s); it is reaped once this process has exited", name, exc)
 
 
 def copy_pristine_repository(sandbox: DockerSandbox, workdir: str) -> DockerSandbox:
