@@ -142,7 +142,7 @@ def test_long_texts_cut_into_units_tokenize_as_the_tokenizer(tokenizer):
     encoder = WordCacheEncoder.for_tokenizer(fast)
     rng = random.Random(17)
     pieces = ["x", "foo", "Bar9", "'s", "1", "42", ".", "()", ":", "=", "-", "\t", "\n", "\r\n", "\x0b", "\x0c",
-              "\x00", "\x1f", "<|im_end|>", " ", " ", " ", "  ", "   ", "\n    ", "\n\n  ", "\t ", " \t", "\n \n"]
+              "\x00", "\x01", "\x1f", "<|im_end|>", " ", " ", " ", "  ", "   ", "\n    ", "\n\n  ", "\t ", " \t", "\n \n"]
     texts = []
     for _ in range(600):
         text = "".join(rng.choice(pieces) + rng.choice(["", " "]) for _ in range(rng.randint(10, 400)))

@@ -23,6 +23,15 @@ is proxy over pass-through: for CPU per call, per round and then the median over
 run one after the other, so a slow spell of a shared machine touches both); for the added p50, of the medians (one
 round's added p50 can be near zero or below). Each configuration runs `rounds` times, targets interleaved; the other
 reported numbers are medians over rounds. Set LEGO_BENCH_PROXY_SESSIONS / _TURNS / _ROUNDS for a smaller run.
+
+CPU time on a shared machine moves with its load (the pass-through's own CPU per call has been seen to triple
+within an hour on a busy VM), so a difference of a few percent cannot be told from it. `LEGO_BENCH_PROXY_MEASURE=
+instructions` counts instead: the pass-through and the proxy each run under valgrind's callgrind (which must be
+installed), instrumented only while a phase's calls run, and each reports the instructions it executed per call, in
+every thread. The count is the same from run to run to within about half a percent, whatever else the machine does;
+one round is enough, latencies are not reported (valgrind slows the servers fifty-fold), and `direct` is not run.
+With LEGO_BENCH_PROXY_PROFILES=DIR as well, each phase's callgrind profile is kept in DIR as
+`TARGET-SHAPE-MODE-PHASE.callgrind` (read it with `callgrind_annotate` or KCachegrind: where the instructions go).
 """
 
 from __future__ import annotations
@@ -33,10 +42,16 @@ import math
 import multiprocessing
 import os
 import random
+import shlex
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lego.bench import register
@@ -46,6 +61,8 @@ from lego.errors import LegoError
 from lego.workdir import WorkDir
 
 SESSIONS_ENV, TURNS_ENV, ROUNDS_ENV = "LEGO_BENCH_PROXY_SESSIONS", "LEGO_BENCH_PROXY_TURNS", "LEGO_BENCH_PROXY_ROUNDS"
+MEASURE_ENV, PROFILES_ENV = "LEGO_BENCH_PROXY_MEASURE", "LEGO_BENCH_PROXY_PROFILES"
+MEASURES = ("cpu", "instructions")
 TARGETS = ("direct", "passthrough", "proxy")
 TARGET_RATIO = 2.0  # the proxy's CPU per call and added p50 on later turns, at most this times the pass-through's
 IM_END = 151645
@@ -490,12 +507,22 @@ def _proxy_process(conn) -> None:
 
 
 class _Child:
-    def __init__(self, context, name: str, target, *args) -> None:
+    def __init__(self, context, name: str, target, *args, executable: str | None = None) -> None:
         self.name = name
         self.conn, child_end = context.Pipe()
         self.process = context.Process(target=target, args=(child_end, *args), name=f"lego-bench-{name}", daemon=True)
-        self.process.start()
-        self.ready = self.wait(START_TIMEOUT_S)
+        if executable is None:
+            self.process.start()
+        else:  # (spawn's executable is one setting for every process: set for this start only)
+            from multiprocessing import spawn
+
+            before = spawn.get_executable()
+            spawn.set_executable(executable)
+            try:
+                self.process.start()
+            finally:
+                spawn.set_executable(before)
+        self.ready = self.wait(START_TIMEOUT_S * (10 if executable else 1))
 
     def wait(self, timeout: float = 600.0):
         deadline = time.monotonic() + timeout
@@ -532,22 +559,104 @@ def _latency(values: list[float]) -> dict[str, float]:
             "p90_ms": round(1000 * ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)], 3)}
 
 
+class CpuMeter:
+    """A server's CPU time (every thread of its process) over a phase, as the server itself reads it."""
+
+    key = "cpu_ms_per_call"
+
+    def __init__(self) -> None:
+        self._started: dict[str, float] = {}
+
+    def executable(self, name: str) -> str | None:
+        return None
+
+    def start(self, server: _Child) -> None:
+        self._started[server.name] = server.ask("cpu")
+
+    def stop(self, server: _Child, label: str) -> float:
+        return 1000 * (server.ask("cpu") - self._started.pop(server.name))
+
+
+class InstructionMeter:
+    """Instructions a server executes over a phase, every thread, counted by valgrind's callgrind: the server runs
+    under it with instrumentation off, switched on (counters zeroed) at `start`, off and dumped at `stop`."""
+
+    key = "instructions_per_call"
+    TOOLS = ("valgrind", "callgrind_control")
+
+    def __init__(self, directory: Path, keep_in: Path | None = None) -> None:
+        missing = [tool for tool in self.TOOLS if shutil.which(tool) is None]
+        if missing:
+            raise BenchError(f"{MEASURE_ENV}=instructions needs valgrind's callgrind ({', '.join(missing)} not "
+                             f"found): install valgrind (apt-get install valgrind) or unset {MEASURE_ENV}")
+        self.directory, self.keep_in = directory, keep_in
+        python = sys.executable
+        with open(python, "rb") as binary:
+            if binary.read(2) == b"#!":  # a launcher script (pyenv's shim): valgrind would count the shell
+                raise BenchError(f"{python} is a script, not the Python binary; run the bench with a virtual "
+                                 "environment's or the installed interpreter")
+        # PYTHONHASHSEED fixed: string hashes decide dict probe lengths, so a random seed moves the count a little
+        self._wrapper = directory / "python-under-callgrind"
+        self._wrapper.write_text(
+            "#!/bin/sh\nPYTHONHASHSEED=0 exec valgrind --tool=callgrind --instr-atstart=no -q "
+            f"--callgrind-out-file={shlex.quote(str(directory))}/callgrind.%p {shlex.quote(python)} \"$@\"\n")
+        self._wrapper.chmod(0o755)
+
+    def executable(self, name: str) -> str | None:
+        return str(self._wrapper) if name in ("passthrough", "proxy") else None
+
+    def _control(self, server: _Child, *arguments: str) -> None:
+        pid = str(server.process.pid)  # (the wrapper execs valgrind, which runs Python in its own process)
+        try:
+            done = subprocess.run(["callgrind_control", *arguments, pid], capture_output=True, text=True,
+                                  timeout=300)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"callgrind_control {' '.join(arguments)} did not answer for the {server.name} "
+                             "process within 300 s") from None
+        if done.returncode != 0 or "OK" not in done.stdout:
+            raise BenchError(f"callgrind_control {' '.join(arguments)} failed for the {server.name} process "
+                             f"(valgrind needs ptrace to reach a waiting process): {done.stdout}{done.stderr}")
+
+    def start(self, server: _Child) -> None:
+        self._control(server, "--zero")
+        self._control(server, "--instr=on")
+
+    def stop(self, server: _Child, label: str) -> float:
+        self._control(server, "--instr=off")
+        self._control(server, "--dump")
+        dumps = sorted(self.directory.glob(f"callgrind.{server.process.pid}.*"),
+                       key=lambda path: int(path.suffix[1:]) if path.suffix[1:].isdigit() else -1)
+        if not dumps:
+            raise BenchError(f"callgrind wrote no dump for the {server.name} process in {self.directory}")
+        text = dumps[-1].read_text(errors="replace")
+        if self.keep_in is not None:
+            self.keep_in.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(dumps[-1], self.keep_in / f"{server.name}-{label}.callgrind")
+        for path in dumps:
+            path.unlink()
+        for line in text.splitlines():
+            if line.startswith("totals:"):
+                return float(line.split()[1])
+        raise BenchError(f"callgrind's dump for the {server.name} process has no totals line")
+
+
 def _run_target(target: str, servers: dict[str, _Child], client: _Child, shape: str, stream: bool,
-                sessions: int, turns: int) -> dict[str, Any]:
+                sessions: int, turns: int, meter: CpuMeter | InstructionMeter) -> dict[str, Any]:
     server = servers["upstream" if target == "direct" else target]
     if target == "proxy":
         urls = server.ask("open", (shape, sessions))
     else:
         urls = [f"http://127.0.0.1:{server.ready}/s/bench"] * sessions
     phases: dict[str, Any] = {}
-    cpu = server.ask("cpu")
+    meter.start(server)
     first = client.ask("begin", (shape, stream, urls))
-    after_first = server.ask("cpu")
-    phases["first_turn"] = {**_latency(first), "cpu_ms_per_call": 1000 * (after_first - cpu) / len(first)}
+    label = f"{shape}-{'stream' if stream else 'non_stream'}"
+    phases["first_turn"] = {**_latency(first), meter.key: meter.stop(server, f"{label}-first_turn") / len(first)}
     if turns > 1:
+        meter.start(server)
         later = client.ask("continue", turns - 1)
-        end = server.ask("cpu")
-        phases["later_turns"] = {**_latency(later), "cpu_ms_per_call": 1000 * (end - after_first) / len(later)}
+        phases["later_turns"] = {**_latency(later),
+                                 meter.key: meter.stop(server, f"{label}-later_turns") / len(later)}
     if target == "proxy":
         server.ask("close")
     return phases
@@ -556,7 +665,7 @@ def _run_target(target: str, servers: dict[str, _Child], client: _Child, shape: 
 def _median_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per target and phase, the median over rounds of each number (calls summed)."""
     merged: dict[str, Any] = {}
-    for target in TARGETS:
+    for target in rounds[0]:
         merged[target] = {}
         for phase in rounds[0][target]:
             rows = [one[target][phase] for one in rounds]
@@ -564,6 +673,18 @@ def _median_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                                            round(statistics.median(row[key] for row in rows), 3))
                                      for key in rows[0]}
     return merged
+
+
+def _compare_instructions(merged: dict[str, Any]) -> dict[str, Any]:
+    """Instructions per call of the pass-through and the proxy, and their ratio, per phase."""
+    out: dict[str, Any] = {}
+    for phase in merged["proxy"]:
+        proxy = merged["proxy"][phase]["instructions_per_call"]
+        passthrough = merged["passthrough"][phase]["instructions_per_call"]
+        out[phase] = {"passthrough": {"instructions_per_call": round(passthrough)},
+                      "proxy": {"instructions_per_call": round(proxy)},
+                      "ratio": {"instructions_per_call": round(proxy / max(passthrough, 1.0), 3)}}
+    return out
 
 
 def _compare(merged: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -603,20 +724,27 @@ def _count_tokens(tokenizer, shape: Shape) -> int:
 
 def run_bench(sessions: int = 64, turns: int = 4, rounds: int = 7,
               shape_names: tuple[str, ...] = ("mini_swe_agent", "claude_code"),
-              modes: tuple[bool, ...] = (False, True)) -> dict[str, Any]:
+              modes: tuple[bool, ...] = (False, True), measure: str = "cpu",
+              profiles: Path | None = None) -> dict[str, Any]:
     from lego.engine.tokenizer import ensure_tokenizer, load_tokenizer
 
+    if measure not in MEASURES:
+        raise BenchError(f"unknown measure {measure!r}: use one of {', '.join(MEASURES)}")
     ensure_tokenizer()  # fetched once here, not by each process
     started = time.perf_counter()
     shapes = make_shapes()
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads and a tokenizer
     children: list[_Child] = []
+    scratch = tempfile.TemporaryDirectory(prefix="lego-bench-proxy-")
+    meter = CpuMeter() if measure == "cpu" else InstructionMeter(Path(scratch.name), profiles)
+    targets = TARGETS if measure == "cpu" else ("passthrough", "proxy")
     try:
         upstream = _Child(context, "upstream", _upstream_process)
         children.append(upstream)
-        passthrough = _Child(context, "passthrough", _passthrough_process, f"http://127.0.0.1:{upstream.ready}")
+        passthrough = _Child(context, "passthrough", _passthrough_process, f"http://127.0.0.1:{upstream.ready}",
+                             executable=meter.executable("passthrough"))
         children.append(passthrough)
-        proxy = _Child(context, "proxy", _proxy_process)
+        proxy = _Child(context, "proxy", _proxy_process, executable=meter.executable("proxy"))
         children.append(proxy)
         client = _Child(context, "client", _client_process)
         children.append(client)
@@ -628,23 +756,29 @@ def run_bench(sessions: int = 64, turns: int = 4, rounds: int = 7,
             results[name] = {"protocol": shape.protocol, "first_prompt_tokens": _count_tokens(tokenizer, shape),
                              "first_request_kb": round(len(Conversation(shape, "", False).request()[1]) / 1024, 1)}
             for stream in modes:
-                for target in TARGETS:  # warm-up: connections, caches, the proxy's shared prefix
-                    _run_target(target, servers, client, name, stream, min(sessions, 4), min(turns, 2))
+                for target in targets:  # warm-up: connections, caches, the proxy's shared prefix
+                    _run_target(target, servers, client, name, stream, min(sessions, 4), min(turns, 2), meter)
                 per_round = []
                 for _ in range(rounds):
-                    per_round.append({target: _run_target(target, servers, client, name, stream, sessions, turns)
-                                      for target in TARGETS})
-                results[name]["stream" if stream else "non_stream"] = _compare(_median_rounds(per_round), per_round)
+                    per_round.append({target: _run_target(target, servers, client, name, stream, sessions, turns,
+                                                          meter)
+                                      for target in targets})
+                merged = _median_rounds(per_round)
+                results[name]["stream" if stream else "non_stream"] = (
+                    _compare(merged, per_round) if measure == "cpu" else _compare_instructions(merged))
     finally:
         for child in reversed(children):
             child.stop()
+        scratch.cleanup()
     later = [results[name][mode]["later_turns"]["ratio"] for name in shape_names
              for mode in ("non_stream", "stream") if mode in results[name] and turns > 1]
-    return {"benchmark": "proxy", "sessions": sessions, "turns": turns, "rounds": rounds, "cpu_count": os.cpu_count(),
-            "results": results,
-            "target": {"ratio_max": TARGET_RATIO,
-                       "later_turns_met": bool(later) and all(r["cpu_per_call"] <= TARGET_RATIO
-                                                              and r["added_p50"] <= TARGET_RATIO for r in later)},
+    if measure == "cpu":
+        met = bool(later) and all(r["cpu_per_call"] <= TARGET_RATIO and r["added_p50"] <= TARGET_RATIO for r in later)
+    else:
+        met = bool(later) and all(r["instructions_per_call"] <= TARGET_RATIO for r in later)
+    return {"benchmark": "proxy", "measure": measure, "sessions": sessions, "turns": turns, "rounds": rounds,
+            "cpu_count": os.cpu_count(), "results": results,
+            "target": {"ratio_max": TARGET_RATIO, "later_turns_met": met},
             "wall_s": round(time.perf_counter() - started, 1)}
 
 
@@ -663,5 +797,10 @@ def _env_int(name: str, default: int) -> int:
 
 @register("proxy")
 def bench_proxy(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
+    measure = os.environ.get(MEASURE_ENV) or "cpu"
+    if measure not in MEASURES:
+        raise BenchError(f"{MEASURE_ENV}={measure!r} is not a measure: use one of {', '.join(MEASURES)}, or unset it")
+    # counting instructions is deterministic: one round tells what seven would
     return run_bench(sessions=_env_int(SESSIONS_ENV, 64), turns=_env_int(TURNS_ENV, 4),
-                     rounds=_env_int(ROUNDS_ENV, 7))
+                     rounds=_env_int(ROUNDS_ENV, 7 if measure == "cpu" else 1), measure=measure,
+                     profiles=Path(os.environ[PROFILES_ENV]) if os.environ.get(PROFILES_ENV) else None)

@@ -24,8 +24,10 @@ A pre-token that ends just before a cut ends the same way at the end of a text: 
 at a space or a non-whitespace character as at the end, a run of newlines stops at a character that is not one, and
 a whitespace run cannot end before a space cut (the character there is not whitespace). The pattern has no
 lookbehind, so each unit is tokenized alone as it is in the text. The spaces that are not cuts (after whitespace:
-indentation, runs of spaces) are marked before cutting and put back to tokenize a unit not seen before; the marks
-are two ASCII control characters, so the marked text stays one byte per character, and a text that has either is
+indentation, runs of spaces) are marked first, so that every space left is a cut and the text is split at them
+(`str.split(" ")`, which drops the space: a unit is kept under its text after the space). A cut after a newline
+becomes a space too, followed by a mark that says the unit has no space before it; so does the first unit. Both
+marks are ASCII control characters, so the marked text stays one byte per character, and a text that has either is
 tokenized by words. Tokens are kept as the bytes of int32 arrays, so a text's tokens are one `bytes.join`, read into
 an array in one copy.
 """
@@ -37,6 +39,7 @@ import logging
 import re
 from array import array
 from itertools import chain
+from operator import attrgetter
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +56,15 @@ CACHED_WORDS = 200_000  # words (and, apart, units) whose tokens an encoder keep
 # one unit, and keeping such ones would let the cache's memory grow with the texts' length, not only their number.
 CACHED_CHARS = 128
 SHORT_SEGMENT = 32  # texts between added tokens this short are kept whole, beside the words
-# Marks in a text being cut into units: a space that is not a cut (it follows whitespace), and a cut. ASCII, so that
-# the marked text stays one byte per character; a text that has either is tokenized by words instead.
-HELD_SPACE, CUT = "\x00", "\x01"
+# Marks in a text being cut into units: a space that is not a cut (it follows whitespace), and the start of a unit
+# with no space before it (after a newline, and the first). ASCII, so that the marked text stays one byte per
+# character; a text that has either is tokenized by words instead.
+HELD_SPACE, NO_SPACE = "\x00", "\x01"
 # whitespace other than a space, then a space (a space after a space is held in two passes of its own)
 _WHITESPACE_THEN_SPACE = tuple(f"{c} " for c in "\t\n\r\x0b\x0c")
-_NO_CUT = tuple(CUT + c for c in "\t\n\r\x0b\x0c" + HELD_SPACE)  # after a newline, but before whitespace
+_LINE_CUT = " " + NO_SPACE  # a cut after a newline
+_NOT_BEFORE = "\t\n\r\x0b\x0c" + HELD_SPACE  # no cut after a newline before these (whitespace)
+_TOKEN_ID = attrgetter("id")
 CHECK_TEXTS = (
     "".join(chr(code) for code in range(128)),
     "It's THEY'RE we'Ll I'M you'VE he'd 'S 's' x's\n\n  \t \r\n\r\n   end  ",
@@ -197,7 +203,7 @@ class WordCacheEncoder:
         try:
             if len(segment) <= SHORT_SEGMENT:  # template text between added tokens ("\n", "assistant\n"): kept whole
                 return self._segments[segment]
-            if HELD_SPACE in segment or CUT in segment:
+            if HELD_SPACE in segment or NO_SPACE in segment:
                 return self._text_bytes(segment)
             # (A one-character `in` costs almost nothing, a two-character one as much as a `replace` that finds
             # nothing: each pair is replaced only where its first character occurs, with no `in` for the pair.)
@@ -210,18 +216,23 @@ class WordCacheEncoder:
                     held = held or marked is not before
             if held:  # after a held one
                 marked = marked.replace(HELD_SPACE + " ", HELD_SPACE + HELD_SPACE)
-            marked = marked.replace(" ", CUT + " ")  # every space left follows a character that is not whitespace
+            # every space left follows a character that is not whitespace: a cut
             if "\n" in marked:  # after a newline, before a character that is not whitespace
-                marked = marked.replace("\n", "\n" + CUT)
-                for pair in _NO_CUT:
-                    if pair[1] in marked:
-                        marked = marked.replace(pair, pair[1])
-            return b"".join(map(self._units.__getitem__, marked.split(CUT)))
+                lines = marked
+                marked = marked.replace("\n", "\n" + _LINE_CUT)
+                for char in _NOT_BEFORE:
+                    if char in lines:
+                        marked = marked.replace(_LINE_CUT + char, char)
+            units = marked.split(" ")
+            units[0] = NO_SPACE + units[0]
+            return b"".join(map(self._units.__getitem__, units))
         except _NotCovered:
             return None
 
     def _unit_bytes(self, unit: str) -> bytes:
-        return self._text_bytes(unit.replace(HELD_SPACE, " "))
+        """A unit's tokens: its text after the space it was cut at, or without one (marked NO_SPACE)."""
+        text = unit[1:] if unit[:1] == NO_SPACE else " " + unit
+        return self._text_bytes(text.replace(HELD_SPACE, " "))
 
     def _text_bytes(self, text: str) -> bytes:
         """A text's tokens, from its words' (split by the pattern, each kept). Raises _NotCovered when the pattern
@@ -232,16 +243,12 @@ class WordCacheEncoder:
         return b"".join(map(self._cache.__getitem__, words))
 
     def _word_bytes(self, word: str) -> bytes:
-        """An unseen word's tokens (a new path, a hash), by the BPE model."""
-        return array("i", self._encode_word(word)).tobytes()
-
-    def _encode_word(self, word: str) -> list[int]:
-        """A word's tokens, by the tokenizer's BPE on that word alone: the model's own `tokenize` of the word's bytes
-        as the byte-level pre-tokenizer maps them (what the tokenizer does for one word, without building an
-        encoding around it)."""
+        """An unseen word's tokens (a new path, a hash), by the tokenizer's BPE on that word alone: the model's own
+        `tokenize` of the word's bytes as the byte-level pre-tokenizer maps them (what the tokenizer does for one
+        word, without building an encoding around it)."""
         if self._bpe is not None and self._byte_chars is not None:
-            return [token.id for token in self._bpe.tokenize(word.translate(self._byte_chars))]
-        return self._model.encode(word, add_special_tokens=False).ids
+            return array("i", map(_TOKEN_ID, self._bpe.tokenize(word.translate(self._byte_chars)))).tobytes()
+        return array("i", self._model.encode(word, add_special_tokens=False).ids).tobytes()
 
     def _encode_words(self, words: list[str]) -> list[list[int]]:
-        return [self._encode_word(word) for word in words]
+        return [array("i", self._word_bytes(word)).tolist() for word in words]
