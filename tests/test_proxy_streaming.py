@@ -327,3 +327,40 @@ def test_a_streamed_reply_keeps_its_logprobs_and_routing(gated):
     sampled = segments[0].response_mask.astype(bool)
     np.testing.assert_array_equal(segments[0].logprobs[sampled],
                                   np.asarray(engine.results[0].logprobs + engine.results[1].logprobs, dtype=np.float32))
+
+
+def test_a_held_back_end_is_the_longest_that_may_still_become_the_marker():
+    """What the reader and the stream decoder hold back (the end of the text that may still become `<tool_call>`, a
+    stop string, ...) against trying every length, on random texts full of the markers' characters."""
+    from lego.proxy.reply import _partial_suffix
+
+    def by_every_length(text: str, marker: str) -> int:
+        return next((size for size in range(min(len(marker) - 1, len(text)), 0, -1)
+                     if text.endswith(marker[:size])), 0)
+
+    rng = random.Random(5)
+    for marker in ("<tool_call>", "</think>", "STOP", "<<", "abab", "aaa", "x"):
+        for _ in range(3000):
+            text = "".join(rng.choice("<tool_cal>/thinkSTOPabx") for _ in range(rng.randint(0, 16)))
+            assert _partial_suffix(text, marker) == by_every_length(text, marker), (text, marker)
+
+
+def test_a_tool_calls_arguments_keep_the_text_the_model_wrote():
+    """The arguments' own text, however the model spaced it, wherever they sit in the call, and with numbers that a
+    float cannot hold (a 25-digit id): the harness sees exactly what was sampled."""
+    from lego.proxy.reply import parse_tool_call
+
+    cases = {
+        '{"name": "bash", "arguments": {"command": "ls -la",   "n": 1}}': '{"command": "ls -la",   "n": 1}',
+        '{"arguments": {"id": 1234567890123456789012345}, "name": "get"}': '{"id": 1234567890123456789012345}',
+        '{"name": "get", "arguments": {"id": -9223372036854775809, "x": 1e400}}':
+            '{"id": -9223372036854775809, "x": 1e400}',
+        '{"name":"f","arguments":{"a":{"arguments":[1,2]}} }': '{"a":{"arguments":[1,2]}}',
+        '{"name": "f", "arguments": {}}': "{}",
+    }
+    for body, arguments in cases.items():
+        call = parse_tool_call(body)
+        assert call is not None and call.arguments == arguments, body
+        assert json.loads(call.arguments) == json.loads(body)["arguments"]
+    assert parse_tool_call('{"name": "f", "arguments": [1]}') is None
+    assert parse_tool_call('{"name": "f", "arguments": {"a": 1}') is None  # not JSON: stays in the text

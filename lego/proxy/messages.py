@@ -112,7 +112,9 @@ def _message_key(role: str, content: str, calls: tuple[tuple[str, str], ...]) ->
     return _digest("\x1f".join(parts))
 
 
-@dataclass(frozen=True)
+# Not frozen (nothing changes one once built): a frozen dataclass costs three times as much to build, and every call
+# builds several of these and of the reply's events.
+@dataclass(slots=True)
 class ToolCall:
     name: str
     arguments: str  # JSON text, as the model wrote it or as the harness replayed it

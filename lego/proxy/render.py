@@ -69,7 +69,7 @@ def _decoder_type(tokenizer) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class NewTokens:
     """What a call adds to a stream: its token ids (a flat array, as the stream keeps them: a first turn's 16k
     tokens are copied, not converted one by one), and how many of them are the first turn (the system prompt and

@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from lego.proxy.jsonio import loads
 from lego.proxy.messages import ChatMessage, ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -47,7 +48,7 @@ class Reply:
                            reasoning=self.reasoning)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ReplyEvent:
     """A piece of a reply, in the order it was written: reasoning text, content text, or a whole tool call."""
 
@@ -58,7 +59,7 @@ class ReplyEvent:
 
 def parse_tool_call(body: str) -> ToolCall | None:
     try:
-        call = json.loads(body)
+        call = loads(body)
     except ValueError:
         return None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
@@ -68,20 +69,35 @@ def parse_tool_call(body: str) -> ToolCall | None:
         return None
     found = ARGUMENTS_KEY.search(body)
     if found:
+        start = found.end()
+        # The arguments' own text: usually they are the call's last member, so their text runs to the closing
+        # brace; else it is the JSON value that starts after the key.
+        if body.endswith("}"):
+            text = body[start:-1].rstrip()
+            try:
+                if loads(text) == arguments:
+                    return ToolCall(name=call["name"], arguments=text)
+            except ValueError:
+                pass
         try:
-            value, end = _DECODER.raw_decode(body, found.end())
+            value, end = _DECODER.raw_decode(body, start)
         except ValueError:
             value, end = None, 0
         if value == arguments:
-            return ToolCall(name=call["name"], arguments=body[found.end():end])
+            return ToolCall(name=call["name"], arguments=body[start:end])
     return ToolCall(name=call["name"], arguments=json.dumps(arguments, ensure_ascii=False))
 
 
 def _partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of `text` that is a proper beginning of `marker` (it may still become it)."""
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:size]):
-            return size
+    # Such an end starts with the marker's first character, within its length minus one of the text's end: found
+    # with `find` (a text rarely holds that character there), not by trying every length.
+    first = marker[0]
+    start = text.find(first, max(0, len(text) - len(marker) + 1))
+    while start >= 0:
+        if marker.startswith(text[start:]):
+            return len(text) - start
+        start = text.find(first, start + 1)
     return 0
 
 

@@ -20,19 +20,14 @@ own objects, whose match keys are already computed; its tools list, tools key an
 
 from __future__ import annotations
 
-import json
 import re
 from collections import deque
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from lego.proxy.jsonio import loads
 from lego.proxy.messages import Conversation, RequestError
-
-try:  # parses a harness's 80 KB request several times faster than json (prefect depends on it)
-    from orjson import loads as _fast_json
-except ImportError:  # pragma: no cover - json alone is correct, only slower
-    _fast_json = json.loads
 
 KEPT_REQUESTS = 3  # a session's recent requests (its main agent's and a sub-agent's or two) compared with a new one
 REWRITTEN_ITEMS = 2  # how many trailing items a harness may rewrite (e.g. a moved cache marker) and still match
@@ -129,21 +124,15 @@ class _Sent:
     options: dict[str, Any]
 
 
-def load_json(raw: bytes) -> tuple[dict[str, Any], bool]:
-    """A request body as a JSON object, and whether the fast parser read it (json reads what it refuses: NaN, huge
-    integers, lone surrogates)."""
-    fast = True
+def load_json(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object (read as json reads it: lego/proxy/jsonio.py)."""
     try:
-        body = _fast_json(raw)
-    except ValueError:
-        fast = False
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise RequestError(f"the request body is not valid JSON: {exc}") from None
+        body = loads(raw)
+    except ValueError as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    return body, fast
+    return body
 
 
 class ResentRequests:
@@ -168,11 +157,11 @@ class ResentRequests:
                     if parsed is not None:
                         self.shortcuts += 1
                         return parsed
-        body, fast = load_json(raw)
+        body = load_json(raw)
         ends: list[int] = []
         conversation, options = module.parse_request(body, ends) if parse_items is not None else \
             module.parse_request(body)
-        if parse_items is not None and fast:
+        if parse_items is not None:
             layout = messages_layout(raw)
             if layout is not None and layout.count == len(ends):
                 self._sent.append(_Sent(module, raw, layout, len(conversation.messages) - ends[-1], ends,
@@ -196,7 +185,7 @@ class ResentRequests:
                     continue
                 items_bytes = items_bytes[1:]
             try:
-                items = _fast_json(b"[" + items_bytes + b"]")
+                items = loads(b"[" + items_bytes + b"]")
             except ValueError:
                 continue
             if not items:

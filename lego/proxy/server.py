@@ -32,11 +32,12 @@ from lego.config import SamplingConfig
 from lego.engine.base import Engine
 from lego.errors import tail
 from lego.proxy import anthropic, openai_chat, responses
+from lego.proxy.jsonio import to_json
 from lego.proxy.messages import RequestError
 from lego.proxy.render import ChatRenderer
 from lego.proxy.resend import load_json
 from lego.proxy.session import Session
-from lego.proxy.streaming import WRITERS, ReplyStreamer, to_json
+from lego.proxy.streaming import WRITERS, ReplyStreamer
 
 log = logging.getLogger(__name__)
 
@@ -340,7 +341,7 @@ class ProxyServer:
             return await streamer.fail(exc, session)
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
-        conversation, _ = anthropic.parse_request(load_json(await request.read())[0])
+        conversation, _ = anthropic.parse_request(load_json(await request.read()))
         text = self.renderer.render(conversation.template_messages(), conversation.tools, add_generation_prompt=True)
         return web.json_response({"input_tokens": len(self.renderer.encode(text))})
 

@@ -19,7 +19,6 @@ Writers (one per protocol) keep each protocol's order of events:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -29,27 +28,13 @@ from aiohttp import web
 
 from lego.errors import tail
 from lego.proxy import anthropic, openai_chat, responses
+from lego.proxy.jsonio import to_json
 from lego.proxy.messages import RequestError, new_id
 from lego.proxy.render import ChatRenderer
 from lego.proxy.reply import ReplyEvent, ReplyReader, StreamDecoder
 from lego.proxy.session import Completion, Session
 
 log = logging.getLogger(__name__)
-
-try:  # several times faster than json on every answer and streamed event (prefect depends on it)
-    from orjson import dumps as _fast_dumps
-except ImportError:  # pragma: no cover - json alone is correct, only slower
-    _fast_dumps = None
-
-
-def to_json(value: Any) -> bytes:
-    """`value` as JSON bytes."""
-    if _fast_dumps is not None:
-        try:
-            return _fast_dumps(value)
-        except TypeError:  # what orjson refuses (an integer past 64 bits in a tool call's input): json takes it
-            pass
-    return json.dumps(value).encode()
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
