@@ -364,3 +364,35 @@ def test_a_tool_calls_arguments_keep_the_text_the_model_wrote():
         assert json.loads(call.arguments) == json.loads(body)["arguments"]
     assert parse_tool_call('{"name": "f", "arguments": [1]}') is None
     assert parse_tool_call('{"name": "f", "arguments": {"a": 1}') is None  # not JSON: stays in the text
+
+
+def test_a_streamed_reply_is_read_once_by_the_streams_own_reader(tokenizer):
+    """The session reads a streamed reply's whole text through the stream's reader (it has read most of it
+    already): the reply is what `parse_reply` gives, and the stream's last events are the rest. A text that does not
+    continue what was streamed is read apart, and finishing the stream then fails loudly."""
+    from lego.proxy.render import ChatRenderer
+    from lego.proxy.streaming import OpenAIChatWriter, ReplyStreamer
+
+    renderer = ChatRenderer(tokenizer)
+    options = {"model": "m", "parse_tools": True, "stop": ()}
+    text = "I will run it.\n" + assistant_text("", [("bash", {"command": "ls"})])
+    streamer = ReplyStreamer(None, OpenAIChatWriter(options, "m"), renderer, (151645,), options)
+    streamed = streamer.decoder.feed(tokenizer.encode(text[:20], add_special_tokens=False))
+    early = streamer.reader.feed(streamed)
+    reply = streamer.read_reply(text)
+    assert reply == parse_reply(text, True, renderer.thinking)
+    events = early + streamer._last_events
+    assert "".join(e.text for e in events if e.kind == "content") == reply.content
+    assert [e.call for e in events if e.kind == "tool_call"] == reply.tool_calls
+
+    other = ReplyStreamer(None, OpenAIChatWriter(options, "m"), renderer, (151645,), options)
+    other.reader.feed(other.decoder.feed(tokenizer.encode("Something else", add_special_tokens=False)))
+    assert other.read_reply(text) == parse_reply(text, True, renderer.thinking)
+    other.response = object()  # (opened: finish goes straight to the check)
+
+    class Done:
+        reply = parse_reply(text)
+        prompt_tokens = 3
+
+    with pytest.raises(RuntimeError, match="not the start of the reply"):
+        asyncio.run(other.finish(Done()))

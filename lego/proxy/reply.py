@@ -106,7 +106,7 @@ class ReplyReader:
 
     def __init__(self, parse_tools: bool = True, thinking: bool = False) -> None:
         """`thinking`: the generation prompt already opened a think block (the reply starts inside it)."""
-        self.parse_tools = parse_tools
+        self.parse_tools, self.thinking = parse_tools, thinking
         self._mode = "reasoning" if thinking else "start"  # start | reasoning | content | call
         self._pending = ""  # text read but not handed on yet
         self._fed = 0  # characters read so far

@@ -333,7 +333,8 @@ class ProxyServer:
         streamer = ReplyStreamer(request, WRITERS[module.PROTOCOL](options, self.model_name), self.renderer,
                                  tuple(self.engine.eos_token_ids), options)
         try:
-            completion = await session.complete(conversation, **call, on_tokens=streamer.tokens)
+            completion = await session.complete(conversation, **call, on_tokens=streamer.tokens,
+                                                read_reply=streamer.read_reply)
             return await streamer.finish(completion)
         except Exception as exc:
             if not streamer.started:

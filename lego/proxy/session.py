@@ -356,9 +356,12 @@ class Session:
                        max_tokens: int | None = None, parse_tools: bool = True,
                        stop: tuple[str, ...] = (),
                        on_tokens: Callable[[int, list[int]], Awaitable[None]] | None = None,
+                       read_reply: Callable[[str], Reply] | None = None,
                        tool_choice: ToolChoice | None = None) -> Completion:
         """Serve one call. `on_tokens(prompt_tokens, ids)` is awaited with each chunk of sampled tokens as the
         engine produces them (a streamed answer); the record is committed once the generation ends.
+        `read_reply(text)`: what reads the whole reply's text (a stream's own reader, which has read most of it
+        already; it must read as `parse_reply` does and not raise); by default `parse_reply`.
         `tool_choice` constrains the reply's tool calls. A forced call: the call's opening (`forced_call_opening`)
         ends the prompt (mask 0) and starts the reply's text (and the stream, before the first sampled token).
         No parallel calls: the end of a tool call (`</tool_call>`) is a stop string, so the generation ends with
@@ -421,7 +424,10 @@ class Session:
                 # As the protocols define it, the reply ends before the stop string; the stream keeps every
                 # sampled token, so the model's next turn continues from exactly what it sampled.
                 shown_text = shown_text[: shown_text.index(stop_sequence)]
-            reply = parse_reply(opening + shown_text, parse_tools=parse_tools, thinking=self.renderer.thinking)
+            if read_reply is not None:
+                reply = read_reply(opening + shown_text)
+            else:
+                reply = parse_reply(opening + shown_text, parse_tools=parse_tools, thinking=self.renderer.thinking)
             message = reply.as_message()
             branch.keys.append(message.key())
             branch.checkpoints.append(Checkpoint(len(branch.keys), len(branch.token_ids),

@@ -31,7 +31,7 @@ from lego.proxy import anthropic, openai_chat, responses
 from lego.proxy.jsonio import to_json
 from lego.proxy.messages import RequestError, new_id
 from lego.proxy.render import ChatRenderer
-from lego.proxy.reply import ReplyEvent, ReplyReader, StreamDecoder
+from lego.proxy.reply import Reply, ReplyEvent, ReplyReader, StreamDecoder, parse_reply
 from lego.proxy.session import Completion, Session
 
 log = logging.getLogger(__name__)
@@ -316,6 +316,8 @@ class ReplyStreamer:
         self.reader = ReplyReader(options["parse_tools"], renderer.thinking)
         self.response: web.StreamResponse | None = None
         self._unsent: list[bytes] = []  # the opening events, until the first piece of the reply goes with them
+        self._last_events: list[ReplyEvent] | None = None  # what the reader's end of the reply gave (read_reply)
+        self._diverged = False  # the reply's text does not start with the streamed text
 
     @property
     def started(self) -> bool:
@@ -339,13 +341,25 @@ class ReplyStreamer:
         if lines or self._unsent:
             await self.response.write(b"".join(self._take_unsent() + lines))
 
+    def read_reply(self, text: str) -> Reply:
+        """The whole reply, read by this stream's reader (which has read what was streamed): the session's reading
+        and the stream's are one (`Session.complete`'s `read_reply`). Never raises: a text that does not continue
+        what was streamed is read apart, and `finish` reports it."""
+        if text.startswith(self.decoder.text[: self.reader.read()]):
+            self._last_events, reply = self.reader.finish(text)
+            return reply
+        self._diverged = True
+        return parse_reply(text, self.reader.parse_tools, self.reader.thinking)
+
     async def finish(self, completion: Completion) -> web.StreamResponse:
         if self.response is None:  # nothing was sampled before the end
             await self._open(completion.prompt_tokens)
-        if not completion.reply.text.startswith(self.decoder.text[: self.reader.read()]):
+        if self._diverged or not completion.reply.text.startswith(self.decoder.text[: self.reader.read()]):
             raise RuntimeError("the streamed text is not the start of the reply's text; the tokenizer does not "
                                "decode token by token as it decodes a whole reply")
-        events, _ = self.reader.finish(completion.reply.text)
+        events = self._last_events
+        if events is None:  # the session read the reply itself
+            events, _ = self.reader.finish(completion.reply.text)
         lines = self._take_unsent() + self.writer.events(events) + self.writer.finish(completion)
         await self.response.write_eof(b"".join(lines))  # the last events and the end of the stream, in one write
         return self.response
