@@ -16,7 +16,7 @@ fi
 [ -n "$PYTHON" ] || { echo "Lego needs Python 3.11 or 3.12; install one (apt-get install python3.11)" >&2; exit 1; }
 
 # System packages: a Docker engine (unless one answers), debootstrap for the offline base image, npm for the tokenizer,
-# Chromium for the dashboard's test.
+# Chromium for the dashboard's test, valgrind for the proxy bench's instruction count.
 need=()
 if ! docker info >/dev/null 2>&1 && ! command -v dockerd >/dev/null; then need+=(docker.io); fi
 command -v debootstrap >/dev/null || need+=(debootstrap)
@@ -24,6 +24,8 @@ command -v npm >/dev/null || need+=(npm)
 # Headless Chromium and its driver for the dashboard's browser test (tests/test_ui.py drives them with Selenium).
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
+# valgrind: `lego bench proxy`'s instruction count (LEGO_BENCH_PROXY_MEASURE=instructions), tested too.
+command -v valgrind >/dev/null || need+=(valgrind)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing system packages: ${need[*]}"

@@ -4,6 +4,7 @@ and reports the proxy beside the pass-through, on a small load."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -40,3 +41,39 @@ def test_the_bench_reports_the_proxy_beside_the_pass_through():
                     row["proxy"]["cpu_ms_per_call"] / row["passthrough"]["cpu_ms_per_call"], abs=0.02)
                 assert row["direct"]["p50_ms"] > 0 and "added_p50" in row["ratio"]
     assert isinstance(result["target"]["later_turns_met"], bool)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
+                    reason="valgrind is not installed (scripts/setup.sh installs it)")
+def test_the_bench_counts_instructions_under_callgrind(tmp_path):
+    """LEGO_BENCH_PROXY_MEASURE=instructions: the pass-through and the proxy run under callgrind, each phase's
+    instructions per call are reported with their ratio, and each phase's profile is kept when asked."""
+    result = run_bench(sessions=2, turns=2, rounds=1, shape_names=("mini_swe_agent",), modes=(False,),
+                       measure="instructions", profiles=tmp_path)
+    assert result["measure"] == "instructions"
+    for phase in ("first_turn", "later_turns"):
+        row = result["results"]["mini_swe_agent"]["non_stream"][phase]
+        proxy, passthrough = row["proxy"]["instructions_per_call"], row["passthrough"]["instructions_per_call"]
+        # a call through either costs at least a hundred thousand instructions (an HTTP request served in Python)
+        assert proxy > 100_000 and passthrough > 100_000
+        assert row["ratio"]["instructions_per_call"] == pytest.approx(proxy / passthrough, abs=0.002)
+        for target in ("proxy", "passthrough"):
+            profile = tmp_path / f"{target}-mini_swe_agent-non_stream-{phase}.callgrind"
+            assert any(line.startswith("totals:") for line in profile.read_text().splitlines())
+    assert isinstance(result["target"]["later_turns_met"], bool)
+
+
+def test_an_unknown_measure_is_refused_with_the_choices(monkeypatch):
+    from lego.bench.proxy import MEASURE_ENV, BenchError, bench_proxy
+
+    monkeypatch.setenv(MEASURE_ENV, "wall")
+    with pytest.raises(BenchError, match="cpu, instructions"):
+        bench_proxy(None, None)
+
+
+def test_counting_instructions_without_valgrind_says_how_to_get_it(monkeypatch, tmp_path):
+    from lego.bench.proxy import BenchError, InstructionMeter
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no valgrind on it
+    with pytest.raises(BenchError, match="apt-get install valgrind"):
+        InstructionMeter(tmp_path)
