@@ -27,7 +27,8 @@ def test_values_are_read_as_json_reads_them():
     """Integers past 64 bits (which orjson turns into floats), NaN and huge exponents (which orjson refuses), lone
     surrogates, duplicate keys and ordinary documents: the same value and type as json.loads, from bytes and str."""
     texts = ['{"id": 1234567890123456789012345, "n": -9223372036854775809, "ok": 9223372036854775807}',
-             '[18446744073709551616, 18446744073709551615, -18446744073709551616]',
+             '[18446744073709551616, 18446744073709551615, -18446744073709551616]', "-9223372036854775809",
+             '{"a": [{"b": -9223372036854775809}]}', "9223372036854775808.0",
              '{"x": NaN, "y": Infinity, "z": -Infinity, "big": 1e400}',
              '"\\ud800 lone"', '{"a": 1, "a": 2}', '{"name": "bash", "arguments": {"command": "ls", "n": 1.5}}',
              '{"text": "a 1234567890123456789012345 in a string", "n": 3}', "[]", "0", '"x"']

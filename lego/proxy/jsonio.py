@@ -4,10 +4,10 @@ orjson is several times faster than json, and the proxy reads every request (80 
 the model writes, and writes every answer and streamed event. Where the two differ, json's result is the one kept:
 - orjson refuses NaN, Infinity, numbers past a double's range and lone surrogates, which json reads: such a text
   is read again by json;
-- orjson reads an integer past 64 bits (from 19 digits on, for a negative one) as a float, silently, where json
-  keeps it exact (a tool's `input_schema` bound, a big id in a tool call's input): the model would then see another
-  number than the harness sent. So a text with a run of 19 digits or more, where only such an integer can be, is
-  read by json alone (a run inside a string, a hash, costs only json's slower read);
+- orjson reads an integer past 64 bits (below -2**63 or above 2**64 - 1) as a float, silently, where json keeps it
+  exact (a tool's `input_schema` bound, a big id in a tool call's input): the model would then see another number
+  than the harness sent. So a value orjson read with a float of 2**63 or more in size, which is where such an
+  integer lands, is read again by json (a real float that large gets the same value from json);
 - orjson refuses to write an integer past 64 bits and a string that is not valid UTF-8: json writes those.
 """
 
@@ -22,22 +22,37 @@ try:  # prefect depends on orjson; json alone is exact, only slower
 except ImportError:  # pragma: no cover
     _orjson_dumps = _orjson_loads = None
 
-LONG_INTEGER_DIGITS = 19  # orjson reads an integer this long or longer as a float when it is past 64 bits
-_DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", bytes(10))
-_LONG_RUN = bytes(LONG_INTEGER_DIGITS)
+LONG_INTEGER = 2.0 ** 63  # orjson reads an integer past 64 bits as a float at least this large
 
 
 def loads(data: bytes | str) -> Any:
     """The JSON value of `data`, as `json.loads` gives it (see the module docstring). Raises ValueError when it is
     not JSON."""
     if _orjson_loads is not None:
-        raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
-        if _LONG_RUN not in raw.translate(_DIGITS_TO_ZERO):
-            try:
-                return _orjson_loads(raw)
-            except ValueError:  # what orjson refuses and json may read
-                pass
+        try:
+            value = _orjson_loads(data)
+        except ValueError:  # what orjson refuses and json may read
+            pass
+        else:
+            if not _may_be_long_integer(value):
+                return value
     return json.loads(data)
+
+
+def _may_be_long_integer(value: Any) -> bool:
+    """Whether orjson's `value` holds a float as large as an integer past 64 bits: one it may have read from such an
+    integer (json keeps those exact). A real float that large is read again by json, to the same value."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif kind is float and not -LONG_INTEGER < item < LONG_INTEGER:
+            return True
+    return False
 
 
 def to_json(value: Any) -> bytes:
