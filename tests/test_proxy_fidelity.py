@@ -279,3 +279,34 @@ def test_retokenizing_the_final_conversation_differs_from_what_was_sampled(proxy
     assert list(retokenized) != recorded
     sampled = [t for t, m in zip(recorded, segments[-1].response_mask.tolist(), strict=True) if m]
     assert sampled == engine.results[0].token_ids + engine.results[1].token_ids
+
+
+def test_a_reply_replayed_with_other_whitespace_and_json_spacing_extends_the_branch(proxy):
+    """A harness that strips or pads the model's text and re-spaces its tool-call JSON when it replays the reply
+    resends the same message: the branch is extended with the tokens the model sampled. Changing a word is another
+    message: the prompt is rendered from it (a rewrite)."""
+    body = capture("mini_toolcall")
+    session, engine = proxy.open_session(), proxy.engine
+    engine.script(assistant_text("  I'll look\n\nat the files.", [("bash", {"command": "ls -la", "n": 2})]),
+                  assistant_text("Now\tthe tests.", [("bash", {"command": "pytest"})]),
+                  "Done.")
+    messages = body["messages"][:2]
+    request = {"model": "m", "messages": messages, "tools": body["tools"]}
+    for content, replayed_arguments in (("I'll look at the files.", '{"n":2,  "command": "ls -la"}'),
+                                        ("Now the tests.  ", '{\n  "command": "pytest"\n}')):
+        answer = post(session, "/v1/chat/completions", request).json()["choices"][0]["message"]
+        call = answer["tool_calls"][0]
+        assert answer["content"].split() == content.split() and answer["content"] != content
+        messages = [*messages, {"role": "assistant", "content": content, "tool_calls": [
+            {**call, "function": {"name": "bash", "arguments": replayed_arguments}}]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "ok"}]
+        request = {**request, "messages": messages}
+    post(session, "/v1/chat/completions", request)
+    segments, calls = check_fidelity(session, engine)
+    assert kinds(calls) == ["start", "extend", "extend"] and len(segments) == 1
+
+    engine.script("Again.")
+    messages[-2] = {**messages[-2], "content": "Now the other tests."}
+    post(session, "/v1/chat/completions", {**request, "messages": messages})
+    _, calls = check_fidelity(session, engine)
+    assert kinds(calls)[-1] == "rewrite"

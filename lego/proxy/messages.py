@@ -6,9 +6,10 @@ what the model's chat template takes. A message's `key()` is what the session ma
 harnesses change when they replay history (cache_control markers, whitespace, compact vs spaced tool-call JSON,
 thinking blocks they may or may not echo, tool-call ids), and keeps everything the model would see differently.
 
-Every call replays the whole history, and a harness's system prompt and tools can be 80 KB: a message's key, the
-tools' key and the normalized system text are computed once per process for each distinct value (the next request's
-equal messages, strings and tool lists find them).
+Every call replays the whole history, and a harness's system prompt and tools can be 80 KB: a message's key is made
+once per message and compared by its text before anything is normalized (`MessageKey`); the tools' key and the
+normalized system text are computed once per process for each distinct value (the next request's equal strings and
+tool lists find them).
 """
 
 from __future__ import annotations
@@ -104,12 +105,53 @@ def canonical_arguments(arguments: Any) -> str:
 
 
 @functools.lru_cache(maxsize=2048)
-def _message_key(role: str, content: str, calls: tuple[tuple[str, str], ...]) -> str:
-    """A message's key, kept per process: every call replays the messages of the calls before it."""
+def _message_digest(role: str, content: str, calls: tuple[tuple[str, str], ...]) -> str:
     parts = [role, text_digest(content)]
     for name, arguments in calls:
         parts.append(f"{name}({canonical_arguments(arguments)})")
     return _digest("\x1f".join(parts))
+
+
+class MessageKey:
+    """A message's match key: two keys are equal when the messages' roles are, their texts are up to whitespace, and
+    their tool calls are (names, and arguments by value). Equality is settled on the messages' own texts first: a
+    harness resends what it sent, so equal texts are the usual case, and nothing is normalized for it. Only keys
+    whose texts differ (or a hash) need the whitespace-insensitive digest, computed then and kept. Normalizing and
+    digesting every new message up front cost more than tokenizing it (a 1.5 KB tool result's ~300 words split
+    into strings only to be joined again)."""
+
+    __slots__ = ("role", "content", "calls", "_digest")
+
+    def __init__(self, role: str, content: str, calls: tuple[tuple[str, str], ...] = ()) -> None:
+        self.role, self.content, self.calls = role, content, calls
+        self._digest: str | None = None
+
+    def digest(self) -> str:
+        """The whitespace-insensitive digest (role, normalized text, canonical tool calls)."""
+        if self._digest is None:
+            self._digest = _message_digest(self.role, self.content, self.calls)
+        return self._digest
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not MessageKey:
+            return NotImplemented
+        if self.role != other.role or len(self.calls) != len(other.calls):
+            return False
+        if self.content == other.content and self.calls == other.calls:
+            return True
+        return self.digest() == other.digest()
+
+    def __hash__(self) -> int:
+        return hash(self.digest())
+
+    def __repr__(self) -> str:
+        return f"MessageKey({self.role!r}, {self.content[:40]!r}{'...' if len(self.content) > 40 else ''}, " \
+               f"{len(self.calls)} calls)"
+
+
+MatchKey = str | MessageKey  # a conversation's keys: its tools' key (a string), then each message's
 
 
 # Not frozen (nothing changes one once built): a frozen dataclass costs three times as much to build, and every call
@@ -128,13 +170,13 @@ class ChatMessage:
     tool_calls: list[ToolCall] = field(default_factory=list)
     reasoning: str | None = None  # assistant thinking the harness replayed (Anthropic thinking, reasoning_content)
     tool_call_id: str = ""
-    _key: str | None = field(default=None, init=False, repr=False, compare=False)
+    _key: MessageKey | None = field(default=None, init=False, repr=False, compare=False)
 
-    def key(self) -> str:
-        """The match key (see the module docstring), computed once: a message is not changed after it is read."""
+    def key(self) -> MessageKey:
+        """The match key (see `MessageKey`), made once: a message is not changed after it is read."""
         if self._key is None:
-            self._key = _message_key(self.role, self.content,
-                                     tuple((call.name, call.arguments) for call in self.tool_calls))
+            self._key = MessageKey(self.role, self.content,
+                                   tuple([(call.name, call.arguments) for call in self.tool_calls]))
         return self._key
 
     def to_template(self, keep_reasoning: bool = True) -> dict[str, Any]:
@@ -157,7 +199,7 @@ class ChatMessage:
 class Conversation:
     messages: list[ChatMessage]
     tools: list[dict[str, Any]]  # [{"type": "function", "function": {name, description, parameters}}]
-    _keys: list[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _keys: list[MatchKey] | None = field(default=None, init=False, repr=False, compare=False)
     _tools_key: str | None = field(default=None, init=False, repr=False, compare=False)
     _system_text: str | None = field(default=None, init=False, repr=False, compare=False)
     # what the session derives from the system text and the tools alone (its agent signature), kept with them
@@ -168,7 +210,7 @@ class Conversation:
             self._tools_key = tools_key(self.tools)
         return self._tools_key
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[MatchKey]:
         """The tools (they render into the first turn) and then every message, as match keys (computed once)."""
         if self._keys is None:
             self._keys = [f"tools:{self.tools_key()}", *(message.key() for message in self.messages)]

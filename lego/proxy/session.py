@@ -86,7 +86,7 @@ import numpy as np
 
 from lego.config import SamplingConfig
 from lego.engine.base import Engine, GenerateResult, SamplingParams, generate_streaming
-from lego.proxy.messages import ChatMessage, ContextOverflowError, Conversation, RequestError
+from lego.proxy.messages import ChatMessage, ContextOverflowError, Conversation, MatchKey, RequestError
 from lego.proxy.render import ChatRenderer
 from lego.proxy.reply import CALL_CLOSE, Reply, parse_reply
 from lego.proxy.resend import ResentRequests
@@ -113,7 +113,7 @@ class Branch:
         self.logprobs = array("f")
         self.routing: list[np.ndarray] = []  # row chunks, [rows, layers, top_k]
         self.routing_rows = 0
-        self.keys: list[str] = []
+        self.keys: list[MatchKey] = []
         self.checkpoints: list[Checkpoint] = [Checkpoint(0, 0)]
         self.busy = False
 
@@ -178,9 +178,9 @@ class Thread:
     order: int
     has_tools: bool
     branches: list[Branch] = field(default_factory=list)
-    system_keys: set[str] = field(default_factory=set)  # keys of its requests' leading system messages
+    system_keys: set[MatchKey] = field(default_factory=set)  # keys of its requests' leading system messages
 
-    def continued_by(self, body: list[str]) -> int:
+    def continued_by(self, body: list[MatchKey]) -> int:
         """How many messages of the longest of its branches `body` (a request's keys after its system turn)
         holds in full, sampled replies included; 0 when it holds none in full."""
         best = 0
@@ -241,7 +241,7 @@ class _Plan:
     new_ids: array  # token ids (lego/proxy/render.py NewTokens)
     header: Checkpoint | None  # the end of the leading system turn on a branch built from scratch
     prompt_end: int | None  # position where the generation prompt starts
-    keys: list[str]  # the request's match keys (the plan's own list: the branch it commits to takes it)
+    keys: list[MatchKey]  # the request's match keys (the plan's own list: the branch it commits to takes it)
 
 
 # Parts of a system text that change while the agent stays the same.
@@ -266,7 +266,7 @@ def agent_signature(conversation: Conversation) -> str:
     return conversation.signature
 
 
-def common_prefix(a: list[str], b: list[str]) -> int:
+def common_prefix(a: list[MatchKey], b: list[MatchKey]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual case (a request extends a branch), compared in C: a long history costs little
         return n
@@ -278,7 +278,7 @@ def common_prefix(a: list[str], b: list[str]) -> int:
     return n
 
 
-def _candidates(branches: list[Branch], keys: list[str]) -> Iterator[tuple[Branch | None, Checkpoint]]:
+def _candidates(branches: list[Branch], keys: list[MatchKey]) -> Iterator[tuple[Branch | None, Checkpoint]]:
     """Where a request's tokens may start, best first: each branch's checkpoints within the run of keys it shares
     with the request, the most messages first (then the later branch, then the earlier checkpoint), and last the
     empty stream. The best is found without listing them all (it is almost always the one taken, and a long
@@ -468,7 +468,7 @@ class Session:
             return _Plan(thread, branch, checkpoint, new_ids, header, prompt_end, keys)
         raise AssertionError("the empty checkpoint always matches")  # pragma: no cover
 
-    def _thread_for(self, conversation: Conversation, keys: list[str]) -> Thread:
+    def _thread_for(self, conversation: Conversation, keys: list[MatchKey]) -> Thread:
         """The request's thread (the rule is in the module docstring)."""
         signature = agent_signature(conversation)
         system = 0
