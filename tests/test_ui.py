@@ -39,6 +39,7 @@ from lego.ui.browser import (
     find_browser,
     full_page_screenshot,
     headless_chromium,
+    read_text,
     wait_for_graphs,
     wait_for_text,
     wait_until,
@@ -133,8 +134,37 @@ def screenshot(driver, shots: list[Path], name: str) -> None:
     driver.set_window_size(1500, 1000)
 
 
-def open_tab(driver, tab: str) -> None:
-    driver.find_element("id", f"tab-{tab}").click()
+def link_of(driver, element_id: str, timeout: float = 60.0) -> str:
+    """A link's href, read again when the page re-renders the link while it is read."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def href(current) -> str | bool:
+        try:
+            return current.find_element("id", element_id).get_attribute("href") or False
+        except StaleElementReferenceException:
+            return False
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.25).until(href)
+
+
+def open_tab(driver, tab: str, timeout: float = 60.0) -> None:
+    """Click the tab until its panel shows. A click right after a screenshot's window resize can land while a busy
+    page still lays itself out, and be lost: clicked again, not waited on for a minute."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    deadline = time.monotonic() + timeout
+    while True:
+        driver.find_element("id", f"tab-{tab}").click()
+        try:
+            WebDriverWait(driver, 5, poll_frequency=0.25).until(
+                lambda current: current.find_element("id", f"panel-{tab}").is_displayed())
+            return
+        except TimeoutException:
+            if time.monotonic() > deadline:
+                raise TimeoutException(f"the {tab} tab's panel did not show within {timeout:g}s of clicking it") \
+                    from None
 
 
 # ------------------------------------------------------------------------------------------------ finished run
@@ -144,26 +174,26 @@ def test_each_panel_shows_the_finished_runs_numbers(server, driver, shots, runs)
     driver.get(f"{server.url}?run={FINISHED}")
     header = wait_for_text(driver, "header", FINISHED)
     wait_for_text(driver, "h-status", "completed")
-    assert "finished" in driver.find_element("id", "h-stage").text
-    assert driver.find_element("id", "h-step").text.split("\n")[1] == "4"  # 2 optimizer steps in each train stage
-    assert driver.find_element("id", "h-iteration").text.split("\n")[1] == "1"
-    assert runs["mlflow_run"] in driver.find_element("id", "mlflow-run-link").get_attribute("href"), header
+    assert "finished" in read_text(driver, "h-stage")
+    assert read_text(driver, "h-step").split("\n")[1] == "4"  # 2 optimizer steps in each train stage
+    assert read_text(driver, "h-iteration").split("\n")[1] == "1"
+    assert runs["mlflow_run"] in link_of(driver, "mlflow-run-link"), header
 
     # overview: the resolved rate per policy (train split: the rollouts' own gradings; eval split) and findings
     curve = wait_for_text(driver, "overview-curve", "6/11")
     assert "6/12 (50.0%" in curve and "2/4 (50.0%" in curve and "4/4 (100.0%" in curve, curve
-    assert "infra_errors_rising" in driver.find_element("id", "findings").text
-    rewards = driver.find_element("id", "overview-reward-table").text
+    assert "infra_errors_rising" in read_text(driver, "findings")
+    rewards = read_text(driver, "overview-reward-table")
     assert "rollout/1 12 11 6 0.5455" in rewards, rewards
-    assert "train/1" in driver.find_element("id", "overview-stages").text
+    assert "train/1" in read_text(driver, "overview-stages")
     screenshot(driver, shots, "finished-overview")
 
     open_tab(driver, "rollouts")
     stages = wait_for_text(driver, "rollouts-stages", "rollout/1")
     row = next(line for line in stages.split("\n") if line.startswith("rollout/1"))
     assert row.startswith("rollout/1 12 12 0 11") and "resolved 6" in row and "infra_error 1" in row, row
-    assert HARNESS in driver.find_element("id", "rollouts-harness").text
-    assert "nothing: the run is completed" in driver.find_element("id", "live-cards").text
+    assert HARNESS in read_text(driver, "rollouts-harness")
+    assert "nothing: the run is completed" in read_text(driver, "live-cards")
     screenshot(driver, shots, "finished-rollouts")
 
     open_tab(driver, "fidelity")
@@ -198,7 +228,7 @@ def test_each_panel_shows_the_finished_runs_numbers(server, driver, shots, runs)
     assert [line.split(" ")[1:6] for line in finished] == [
         [HARNESS, "evaluate/0", "(eval", "split)", "1"], [HARNESS, "evaluate/1", "(eval", "split)", "2"]], finished
     assert "2/4 50.0%" in finished[0] and "4/4 100.0%" in finished[1], finished
-    rollouts = driver.find_element("id", "harness-rollouts").text
+    rollouts = read_text(driver, "harness-rollouts")
     assert f"{FINISHED} {HARNESS} 24 23 12" in rollouts and f"{LIVE} {HARNESS} 12 12 6" in rollouts, rollouts
     screenshot(driver, shots, "finished-harnesses")
 
@@ -222,9 +252,9 @@ def test_the_trajectory_viewer_shows_tokens_by_mask_with_logprobs_and_experts(se
                           for layer in range(2))
     assert first.endswith(f"experts {expected}"), first
     assert "prompt (mask 0)" in prompt[0].get_attribute("title") and "logprob" not in prompt[0].get_attribute("title")
-    calls = driver.find_element("id", "trajectory-calls").text
+    calls = read_text(driver, "trajectory-calls")
     assert "rewrite main 1" in calls and "subagent subagent:1 2" in calls, calls
-    assert TRACE_ID in driver.find_element("id", "trace-link").get_attribute("href")
+    assert TRACE_ID in link_of(driver, "trace-link")
     screenshot(driver, shots, "finished-trajectory")
 
     # the sub-agent's segment, chosen in the segment picker
@@ -236,7 +266,7 @@ def test_the_trajectory_viewer_shows_tokens_by_mask_with_logprobs_and_experts(se
                  "//*[@role='option' and starts-with(normalize-space(.), '2 · subagent:1')]")), False))
     option.click()
     segment = wait_for_text(driver, "segment-view", "Segment 2 · subagent:1 · subagent")
-    assert "<tool_call>" in driver.find_element("id", "tokens").text, segment
+    assert "<tool_call>" in read_text(driver, "tokens"), segment
 
 
 # ------------------------------------------------------------------------------------------------ live run
@@ -248,8 +278,8 @@ def test_the_live_view_follows_a_running_rollout_stage(server, driver, shots, wo
     assert "rollout/1" in wait_for_text(driver, "h-stage", "rollout/1")
     done = wait_for_text(driver, "live-done", "4 / 12")
     assert "rollout/1 (in progress)" in done, done
-    assert driver.find_element("id", "live-graded").text.split("\n")[1] == "0"
-    assert "rollout-run-live-1" in driver.find_element("id", "rollouts-live").text
+    assert read_text(driver, "live-graded").split("\n")[1] == "0"
+    assert "rollout-run-live-1" in read_text(driver, "rollouts-live")
     screenshot(driver, shots, "live-rollouts-before")
 
     data_run = f"rollout-{LIVE}-1"
@@ -258,7 +288,7 @@ def test_the_live_view_follows_a_running_rollout_stage(server, driver, shots, wo
     grade(work, data_run, 1, more, MIXED, "verify-live1")  # and a grading starts on them
     outcomes = wait_for_text(driver, "live-outcomes", "resolved 2")
     assert "unresolved 2" in outcomes and "not_graded 4" in outcomes, outcomes
-    assert driver.find_element("id", "live-graded").text.split("\n")[1] == "4"
+    assert read_text(driver, "live-graded").split("\n")[1] == "4"
     screenshot(driver, shots, "live-rollouts-after")
 
     open_tab(driver, "tasks")
@@ -306,3 +336,21 @@ def test_train_steps_share_one_axis(steps, expected):
     rows = [{"iteration": iteration, "step": step, "loss": 0.1, "metrics": {}} for iteration, step in steps]
     assert [point.step for point in global_steps(rows)] == expected
 
+
+
+def test_a_render_slower_than_the_refresh_tick_is_still_shown(work, config, runs, driver, monkeypatch):
+    """A busy machine makes a render take longer than the refresh period: the next tick must not outdate it (the
+    browser drops an outdated answer, and with every answer outdated the page stays empty)."""
+    from lego.ui import data
+
+    load_run = data.load_run
+
+    def slow_load_run(*args, **kwargs):
+        time.sleep(1.0)  # four ticks
+        return load_run(*args, **kwargs)
+
+    monkeypatch.setattr(data, "load_run", slow_load_run)
+    with serve(work, config, refresh_s=0.25).start() as running:
+        driver.get(f"{running.url}?run={FINISHED}")
+        wait_for_text(driver, "h-status", "completed", timeout=30)
+        wait_for_text(driver, "overview-curve", "6/11", timeout=30)

@@ -147,10 +147,13 @@ def create_app(work: WorkDir, config: LegoConfig, runs: list[str] | None = None,
     def show_panel(tab: str) -> list[dict[str, str]]:
         return [_hidden(key == tab) for key in TABS]
 
+    # The tick is off while a render runs. Otherwise a render slower than the tick (a busy machine, a long run) is
+    # outdated by the next tick before it arrives and the browser drops it, again and again: nothing is ever shown.
     @app.callback(Output("header", "children"), [Output(f"{key}-body", "children") for key in REFRESHED],
                   Output("rollout", "options"), Output("shown", "data"),
                   Input("run", "value"), Input("tab", "value"), Input("tick", "n_intervals"),
-                  Input("log-level", "value"), State("shown", "data"))
+                  Input("log-level", "value"), State("shown", "data"),
+                  running=[(Output("tick", "disabled"), True, False)])
     def refresh(run_id: str | None, tab: str, _tick: int | None, level: str, shown: dict | None):
         keep = [no_update] * len(REFRESHED)
         if not run_id:

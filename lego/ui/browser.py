@@ -63,19 +63,24 @@ def wait_until(driver: Any, element_id: str, check: Callable[[str], bool], what:
 
     seen = {"text": ""}
 
-    def passes(current: Any) -> str | bool:
+    def passes(current: Any) -> tuple[str] | bool:
         try:
             elements = current.find_elements(By.ID, element_id)
             seen["text"] = elements[0].text if elements else "(no such element)"
         except StaleElementReferenceException:  # re-rendered while read: read it again
             return False
-        return seen["text"] if elements and check(seen["text"]) else False
+        return (seen["text"],) if elements and check(seen["text"]) else False  # (an empty text passes too)
 
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.25).until(passes)
+        return WebDriverWait(driver, timeout, poll_frequency=0.25).until(passes)[0]
     except TimeoutException:
         raise TimeoutException(f"#{element_id} did not {what} within {timeout:g}s; it showed: "
                                f"{seen['text'][:2000]!r}") from None
+
+
+def read_text(driver: Any, element_id: str, timeout: float = 60.0) -> str:
+    """The element's visible text, once it exists; read again when the page re-renders it while it is read."""
+    return wait_until(driver, element_id, lambda _shown: True, "exist", timeout)
 
 
 def wait_for_text(driver: Any, element_id: str, text: str, timeout: float = 60.0) -> str:
