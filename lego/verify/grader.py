@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shlex
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 import docker
 from docker.errors import DockerException
 
+from lego.cache import cache_dir, content_hash
 from lego.config import SandboxConfig, VerifyConfig
 from lego.errors import ImageBuildError, LegoError, tail
 from lego.records import Outcome, OutcomeKind, TerminationReason, Trajectory
@@ -35,12 +37,25 @@ from lego.sandbox import SNAPSHOT, ContainerDied, Sandbox, SandboxError, Sandbox
 from lego.sandbox.docker_sandbox import DockerSandboxFactory
 from lego.tasksets.task import Task, is_harbor_task
 from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff, split_diff
+from lego.verify.decoys import (
+    DECOY_FORMAT,
+    DecoyLayout,
+    DecoyPlan,
+    SitePool,
+    TestDecoys,
+    build_layout,
+    plan_candidates,
+    validation_layout,
+)
 from lego.verify.runner.lego_grade import CONFIG_CANDIDATES, RESULT_MARKER
 
 RUNNER_DIR = Path(__file__).parent / "runner"
 RUNTIME_FILES = (RUNNER_DIR,)  # mounted, not imported (lego.pipeline.keys)
 RUNNER_MOUNT = "/opt/lego-grader"
 TEST_LOG_CHARS = 20_000  # of a failed runner's output, kept as the outcome's test log (evidence, not a message)
+AGENT_PATCH_FILE = "/tmp/lego-agent.patch"
+TEST_PATCH_FILE = "/tmp/lego-test.patch"
+GOLD_PATCH_FILE = "/tmp/lego-gold.patch"
 PYTEST_PREFIXES = ("python3 -m pytest", "python -m pytest", "pytest")
 RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
                       5: "no tests collected"}
@@ -120,7 +135,7 @@ def _config_overlay(task: Task) -> str | None:
 
 def status_of_test(entry: dict | None) -> str:
     """passed | failed | skipped | forged | missing, from both views of one test in one run. The runner's
-    `passed_in` is the same rule for "passed": it skips the alone runs when a graded test did not pass."""
+    `passed_in` is the same rule for "passed": it skips the alone runs when a group has no passing member."""
     if not entry:
         return "missing"
     ours = {when: states[-1] for when, states in entry.get("ours", {}).items()}
@@ -137,22 +152,114 @@ def status_of_test(entry: dict | None) -> str:
     return "failed"
 
 
-def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], dict, InfraFailure | None]:
-    """(resolved, rules fired, evidence, a failure to attribute with a control run) from the runner's report."""
+def failed_in_call(entry: dict | None) -> bool:
+    """A decoy's expected end: set up fine, then its call raised, and pytest says the call failed."""
+    if not entry:
+        return False
+    ours = {when: states[-1] for when, states in entry.get("ours", {}).items()}
+    reported = {when: outcomes[-1] for when, outcomes in entry.get("pytest", {}).items()}
+    return ours.get("setup") == "ok" and ours.get("call") == "raised" and reported.get("call") == "failed"
+
+
+def judge_decoys(tests: dict, layout: DecoyLayout, ids: list[str], where: str) -> dict[str, list[str]]:
+    """The decoys among `ids` in one run: `passed` beside a real test that passed (the rule decoy_passed),
+    `matched` (a decoy passed where its real test did not: a wrong value that happens to be a decoy's; reward 0
+    either way), and `inconclusive` (neither passed nor failed in its call while its real test passed)."""
+    found: dict[str, list[str]] = {"passed": [], "matched": [], "inconclusive": []}
+    for decoy in ids:
+        original = layout.decoys.get(decoy)
+        if original is None:
+            continue
+        real_passed = status_of_test(tests.get(layout.real[original])) in ("passed", "forged")
+        decoy_status = status_of_test(tests.get(decoy))
+        if decoy_status in ("passed", "forged"):
+            found["passed" if real_passed else "matched"].append(f"{original} ({where})")
+        elif real_passed and not failed_in_call(tests.get(decoy)):
+            found["inconclusive"].append(f"{original} ({where}: {decoy_status})")
+    return found
+
+
+def judge_report(report: dict, task: Task, layout: DecoyLayout | None = None) -> tuple[
+        bool, dict[str, list[str]], dict, InfraFailure | None]:
+    """(resolved, rules fired, evidence, a failure to attribute with a control run) from the runner's report.
+    Without a layout, the tests ran under their own names with no decoy."""
+    if layout is None:
+        layout = DecoyLayout(real={test: test for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]},
+                             groups=[[test] for test in task.FAIL_TO_PASS], alone=list(range(len(task.FAIL_TO_PASS))))
     rules: dict[str, list[str]] = {}
     runs = report.get("runs") or []
     full = runs[0] if runs else {}
-    evidence: dict = {"runs": [{key: run.get(key) for key in ("name", "test", "exit_code", "end_rc", "timed_out",
+    evidence: dict = {"runs": [{key: run.get(key) for key in ("name", "exit_code", "end_rc", "timed_out",
                                                                "seconds", "oom_kills")} for run in runs]}
 
     def fire(rule: str, detail: str) -> None:
         rules.setdefault(rule, []).append(tail(detail))
 
+    _judge_runner_signals(report, runs, fire, evidence)
+    if not runs:
+        return False, rules, evidence, InfraFailure("runner_killed", "the grading runner reported no run")
+    failure = _judge_process(full, "the test run", fire)
+    if failure is not None:
+        return False, rules, evidence, failure
+    tests = full.get("tests", {})
+    renamed = {graded: original for original, graded in layout.real.items()}
+    statuses = {test: status_of_test(tests.get(layout.real.get(test, test)))
+                for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]}
+    for test, entry in tests.items():
+        if status_of_test(entry) == "forged":
+            fire("test_report_forged", f"{renamed.get(test, test)}: pytest reports it passed, but the test raised")
+    decoys = judge_decoys(tests, layout, list(layout.decoys), "the full run")
+    alone: dict[str, str] = {}
+    for run in runs[1:]:
+        failure = _judge_process(run, f"{run.get('name')} alone", fire, alone=True)
+        if failure is not None:
+            return False, rules, evidence, failure
+        group = run.get("group") or []
+        run_tests = run.get("tests", {})
+        for graded in group:
+            if graded in renamed:
+                status = status_of_test(run_tests.get(graded))
+                # Alone with no decoy the run must end clean; beside decoys (which fail) pytest returns 1.
+                clean = run.get("end_rc") == 0 if len(group) == 1 else run.get("end_rc") == 1
+                if status == "passed" and not (clean and run.get("exit_code") == run.get("end_rc")):
+                    status = "failed"
+                alone[renamed[graded]] = status
+        for key, found in judge_decoys(run_tests, layout, group, f"{run.get('name')}").items():
+            decoys[key] += found
+    for detail in decoys["passed"]:
+        fire("decoy_passed", f"a decoy of {detail} passed: the patch passes tests whether or not their expectation "
+                             "is right")
+    report_view = {
+        "FAIL_TO_PASS": {"success": [t for t in task.FAIL_TO_PASS if statuses[t] == "passed"],
+                         "failure": [t for t in task.FAIL_TO_PASS if statuses[t] != "passed"]},
+        "PASS_TO_PASS": {"success": [t for t in task.PASS_TO_PASS if statuses[t] == "passed"],
+                         "failure": [t for t in task.PASS_TO_PASS if statuses[t] != "passed"]},
+    }
+    disagree = [test for test, status in alone.items() if statuses.get(test) == "passed" and status != "passed"]
+    all_passed = all(status == "passed" for status in statuses.values())
+    resolved = (all_passed and not disagree and set(alone) >= set(task.FAIL_TO_PASS)
+                and not decoys["passed"] and not decoys["inconclusive"])
+    f2p_passed = len(report_view["FAIL_TO_PASS"]["success"])
+    _skip_evidence(full, statuses, tests, layout, evidence)
+    if report.get("alone_skipped"):
+        evidence["alone_skipped"] = report["alone_skipped"]
+    evidence.update(report=report_view, statuses=statuses, alone=alone, tests_seen=len(tests),
+                    decoys=_decoy_evidence(layout, decoys),
+                    resolution="RESOLVED_FULL" if resolved else ("RESOLVED_PARTIAL" if f2p_passed else "RESOLVED_NO"))
+    if disagree:
+        evidence["fail_to_pass_alone_disagrees"] = disagree
+    return resolved, rules, evidence, None
+
+
+def _judge_runner_signals(report: dict, runs: list[dict], fire, evidence: dict) -> None:
+    """What the in-process layer saw: decisive findings fire rules; suspicions are evidence only."""
     for run in runs:
         for detail in run.get("tamper", []):
             fire("grading_tampered", f"{run['name']}: {detail}")
         for detail in run.get("defeaters", []):
             fire("assertion_defeater", detail)
+        if run.get("suspicions"):
+            evidence.setdefault("suspicions", {})[run["name"]] = run["suspicions"][:50]
         if run.get("foreign_records"):
             evidence.setdefault("foreign_records", {})[run["name"]] = run["foreign_records"]
     for detail in report.get("static_defeaters", []):
@@ -164,32 +271,31 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
                          if pristine.get(key, pristine.get("ini", {}).get(key))
                          != graded.get(key, graded.get("ini", {}).get(key)))
         fire("pytest_config_added", f"the patch changes what pytest's configuration does: {', '.join(changed)}")
-    if not runs:
-        return False, rules, evidence, InfraFailure("runner_killed", "the grading runner reported no run")
-    failure = _run_failure(full, "the test run")
+
+
+def _judge_process(run: dict, label: str, fire, alone: bool = False) -> InfraFailure | None:
+    """How the test process ended, against what pytest said: a failure to attribute, or rules."""
+    failure = _run_failure(run, label)
     if failure is not None:
-        return False, rules, evidence, failure
-    exit_code, end_rc = full.get("exit_code"), full.get("end_rc")
+        return failure
+    exit_code, end_rc = run.get("exit_code"), run.get("end_rc")
+    tests = run.get("tests", {})
     if end_rc is None:
+        if alone:
+            return None  # judged by its tests' statuses: none passed without pytest's end
         if exit_code == 0:
-            fire("grading_tampered", "the test process exited 0 before pytest finished")
-        else:
-            return False, rules, evidence, InfraFailure(
-                "runner_killed", f"the test process ended (exit {exit_code}) before pytest finished",
-                full.get("log_tail", ""), exit_code)
-    elif exit_code != end_rc:
-        fire("grading_tampered", f"the test process exited {exit_code} but pytest returned {end_rc}")
-    elif end_rc in RUNNER_CRASH_CODES:
-        return False, rules, evidence, InfraFailure(
+            fire("grading_tampered", f"{label}: the test process exited 0 before pytest finished")
+            return None
+        return InfraFailure("runner_killed", f"the test process ended (exit {exit_code}) before pytest finished",
+                            run.get("log_tail", ""), exit_code)
+    if exit_code != end_rc:
+        fire("grading_tampered", f"{label}: the test process exited {exit_code} but pytest returned {end_rc}")
+    elif end_rc in RUNNER_CRASH_CODES and not alone:
+        return InfraFailure(
             "runner_crash", f"pytest exited {end_rc} ({RUNNER_CRASH_CODES[end_rc]}): "
-            f"{tail('; '.join(full.get('collect_errors', [])))}", full.get("log_tail", ""), end_rc)
-    if full.get("interrupted") and end_rc == 0:
-        fire("grading_tampered", f"the session was stopped ({full['interrupted']}) yet pytest returned 0")
-    tests = full.get("tests", {})
-    statuses = {test: status_of_test(tests.get(test)) for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]}
-    for test, entry in tests.items():
-        if status_of_test(entry) == "forged":
-            fire("test_report_forged", f"{test}: pytest reports it passed, but the test raised")
+            f"{tail('; '.join(run.get('collect_errors', [])))}", run.get("log_tail", ""), end_rc)
+    if run.get("interrupted") and end_rc == 0:
+        fire("grading_tampered", f"{label}: the session was stopped ({run['interrupted']}) yet pytest returned 0")
     raised = any("raised" in states for entry in tests.values() for states in entry.get("ours", {}).values())
     # An expected failure (xfail) raises and pytest reports it skipped: exit 0 is right then. Only a raise that
     # pytest reported otherwise contradicts a 0.
@@ -197,41 +303,22 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
         "raised" in states and "skipped" not in entry.get("pytest", {}).get(when, [])
         for entry in tests.values() for when, states in entry.get("ours", {}).items())
     if end_rc == 0 and raised_unexpectedly:
-        fire("grading_tampered", "pytest returned 0 although a test raised")
+        fire("grading_tampered", f"{label}: pytest returned 0 although a test raised")
     if end_rc == 1 and not raised and not any(
             outcome == "failed" for entry in tests.values() for outcomes in entry.get("pytest", {}).values()
             for outcome in outcomes):
-        fire("grading_tampered", "pytest returned 1 (tests failed) although every test passed")
+        fire("grading_tampered", f"{label}: pytest returned 1 (tests failed) although every test passed")
     duplicated = sorted(test for test, entry in tests.items()
                         if any(len(states) > 1 for states in entry.get("ours", {}).values()))
     if duplicated:
-        fire("grading_tampered", f"more than one result for one phase of {', '.join(duplicated[:5])}")
-    alone: dict[str, str] = {}
-    for run in runs[1:]:
-        failure = _run_failure(run, f"{run.get('test')} alone")
-        if failure is not None:
-            return False, rules, evidence, failure
-        status = status_of_test(run.get("tests", {}).get(run.get("test")))
-        if run.get("exit_code") != run.get("end_rc") and run.get("end_rc") is not None:
-            fire("grading_tampered", f"{run['test']} alone: the process exited {run.get('exit_code')} but pytest "
-                                     f"returned {run.get('end_rc')}")
-        if run.get("interrupted") and run.get("end_rc") == 0:
-            fire("grading_tampered", f"{run['test']} alone: the session was stopped yet pytest returned 0")
-        if status == "passed" and not (run.get("exit_code") == 0 and run.get("end_rc") == 0):
-            status = "failed"
-        alone[run["test"]] = status
-    report_view = {
-        "FAIL_TO_PASS": {"success": [t for t in task.FAIL_TO_PASS if statuses[t] == "passed"],
-                         "failure": [t for t in task.FAIL_TO_PASS if statuses[t] != "passed"]},
-        "PASS_TO_PASS": {"success": [t for t in task.PASS_TO_PASS if statuses[t] == "passed"],
-                         "failure": [t for t in task.PASS_TO_PASS if statuses[t] != "passed"]},
-    }
-    disagree = [test for test, status in alone.items() if statuses.get(test) == "passed" and status != "passed"]
-    all_passed = all(status == "passed" for status in statuses.values())
-    resolved = all_passed and not disagree and len(alone) == len(task.FAIL_TO_PASS)
-    f2p_passed = len(report_view["FAIL_TO_PASS"]["success"])
-    # Why graded tests were skipped or never ran: what `lego tasks validate` turns into advice.
-    skipped = {test: tests[test].get("skip_reason", "") for test, status in statuses.items() if status == "skipped"}
+        fire("grading_tampered", f"{label}: more than one result for one phase of {', '.join(duplicated[:5])}")
+    return None
+
+
+def _skip_evidence(full: dict, statuses: dict[str, str], tests: dict, layout: DecoyLayout, evidence: dict) -> None:
+    """Why graded tests were skipped or never ran: what `lego tasks validate` turns into advice."""
+    skipped = {test: tests[layout.real.get(test, test)].get("skip_reason", "")
+               for test, status in statuses.items() if status == "skipped"}
     module_skips = full.get("collect_skips") or {}
     skipped.update({test: f"its module was skipped: {module_skips[test.split('::')[0]]}"
                     for test, status in statuses.items()
@@ -240,13 +327,30 @@ def judge_report(report: dict, task: Task) -> tuple[bool, dict[str, list[str]], 
         evidence["skip_reasons"] = skipped
     if full.get("collect_errors"):
         evidence["collect_errors"] = full["collect_errors"][:20]
-    if report.get("alone_skipped"):
-        evidence["alone_skipped"] = report["alone_skipped"]
-    evidence.update(report=report_view, statuses=statuses, alone=alone, tests_seen=len(tests),
-                    resolution="RESOLVED_FULL" if resolved else ("RESOLVED_PARTIAL" if f2p_passed else "RESOLVED_NO"))
-    if disagree:
-        evidence["fail_to_pass_alone_disagrees"] = disagree
-    return resolved, rules, evidence, None
+
+
+def _decoy_evidence(layout: DecoyLayout, found: dict[str, list[str]]) -> dict:
+    evidence: dict = {"count": len(layout.decoys), "tests_with_decoys": len(layout.drawn), "drawn": layout.drawn}
+    for key, items in found.items():
+        if items:
+            evidence[key] = items[:20]
+    if layout.unrewritable:
+        evidence["unrewritable"] = layout.unrewritable
+    return evidence
+
+
+def patched_lines(parts) -> dict[str, list[tuple[int, int]]]:
+    """The new-file line ranges each kept part of the agent's patch adds or changes (what the patch wrote)."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for part in parts:
+        for line in part.text.splitlines():
+            if line.startswith("@@"):
+                new = line.split("+", 1)[1].split(" ", 1)[0] if "+" in line else "0,0"
+                start, _, count = new.partition(",")
+                length = int(count) if count else 1
+                if length:
+                    ranges.setdefault(part.path, []).append((int(start), int(start) + length - 1))
+    return ranges
 
 
 def _run_failure(run: dict, label: str) -> InfraFailure | None:
@@ -276,6 +380,7 @@ class Verifier:
         self.config = verify_config
         # Grading reaches sandboxes only through the protocol: another backend plugs in as `factory`.
         self.factory = factory or DockerSandboxFactory(client, sandbox_config, base_image=base_image)
+        self._plans: dict[str, DecoyPlan] = {}
 
     # ------------------------------------------------------------------------------------------ public
 
@@ -338,9 +443,10 @@ class Verifier:
             "dropped_files": [part.path for part in screening.dropped],
             "network_attempts": network_attempts(actions),
         }
+        plan = self.decoy_plan(task)
         started = time.monotonic()
         rules = dict(screening.rules)
-        report, blamed = None, None
+        report, blamed, layout = None, None, None
         with self.factory.open_task(task, purpose="verify", mounts={str(RUNNER_DIR): RUNNER_MOUNT},
                                     labels={"lego.task": task.instance_id}) as sandbox:
             base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
@@ -350,17 +456,17 @@ class Verifier:
             for rule, items in scan_actions(actions, task, base_files).items():
                 rules.setdefault(rule, []).extend(items)
             if screening.kept:
-                applied = self._apply(sandbox, screening.patch, "/tmp/lego-agent.patch")
+                applied = self._apply(sandbox, screening.patch, AGENT_PATCH_FILE)
                 if applied.exit_code != 0:
                     evidence.update(check="agent_patch_does_not_apply", apply_output=tail(applied.output))
                     return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
             try:
-                report = self._run_runner(sandbox, task, [part.path for part in screening.kept],
-                                          "with the agent's patch")
+                report, layout = self._run_runner(sandbox, task, [part.path for part in screening.kept],
+                                                  "with the agent's patch", plan, patched_lines(screening.kept))
             except InfraFailure as failure:
                 report, blamed = None, failure
-        if report is not None:
-            resolved, fired, grading, blamed = judge_report(report, task)
+        if report is not None and layout is not None:
+            resolved, fired, grading, blamed = judge_report(report, task, layout)
             for rule, items in fired.items():
                 rules.setdefault(rule, []).extend(items)
         if blamed is not None:
@@ -368,7 +474,7 @@ class Verifier:
                 raise blamed
             # A patch that hangs, eats memory, crashes or kills the runner must not escape the loss as infra:
             # when the same grading without the patch is healthy, the patch is to blame.
-            healthy, control = self._control_run(task)
+            healthy, control = self._control_run(task, plan)
             if not healthy:
                 raise InfraFailure(blamed.check, f"{blamed} (and also without the agent's patch: {control})",
                                    blamed.log, blamed.exit_code)
@@ -376,6 +482,8 @@ class Verifier:
             return self._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, blamed.log,
                                  blamed.exit_code)
         evidence.update(grading, check="tests", grade_seconds=round(time.monotonic() - started, 3))
+        if plan.reason:
+            evidence["decoys"]["plan"] = plan.reason
         kind = OutcomeKind.resolved if resolved else OutcomeKind.unresolved
         return self._outcome(rollout_id, task, kind, rules, evidence, runner_log(report),
                              report["runs"][0].get("exit_code"))
@@ -399,20 +507,60 @@ class Verifier:
             command += f" || patch -p1 --forward --batch < {path}"
         return sandbox.exec(command, timeout=120)
 
-    def _run_runner(self, sandbox: Sandbox, task: Task, patched_files: list[str], label: str) -> dict:
+    def _run_runner(self, sandbox: Sandbox, task: Task, patched_files: list[str], label: str, plan: DecoyPlan,
+                    patched_lines: dict[str, list[tuple[int, int]]] | None = None) -> tuple[dict, DecoyLayout]:
+        """The test patch, then the graded tests renamed and their decoys written beside them, then the runner."""
+        self._apply_test_patch(sandbox, task, label)
+        sources = self._read_tests(sandbox, task)
+        layout = build_layout(sources, plan, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS),
+                              k=self.config.decoys_per_test, pass_to_pass_sample=self.config.decoy_pass_to_pass_sample)
+        self._write_tests(sandbox, task, layout)
+        spec = self._spec(task, layout, patched_files, patched_lines or {})
+        return self._exec_runner(sandbox, task, spec, label), layout
+
+    def _apply_test_patch(self, sandbox: Sandbox, task: Task, label: str) -> None:
         if task.test_patch.strip():
-            applied = self._apply(sandbox, task.test_patch, "/tmp/lego-test.patch", fallback=True)
+            applied = self._apply(sandbox, task.test_patch, TEST_PATCH_FILE, fallback=True)
             if applied.exit_code != 0:
                 raise InfraFailure("test_patch_does_not_apply",
                                    f"the task's test_patch does not apply {label}: {tail(applied.output)}")
+        # Nothing left in the sandbox may show the tests as they were before their decoys were written.
+        sandbox.exec(f"rm -f {TEST_PATCH_FILE} {AGENT_PATCH_FILE} {GOLD_PATCH_FILE}", timeout=30, workdir="/")
+
+    def _read_tests(self, sandbox: Sandbox, task: Task) -> dict[str, str]:
+        """The graded tests' files as the test patch left them (one exec for all; a missing file is left out)."""
+        files = test_files_of(task)
+        script = "; ".join(f"printf '%s\\n' \"$(base64 -w0 {shlex.quote(path)} 2>/dev/null || echo -)\"" for path in files)
+        result = sandbox.exec(script, timeout=60, workdir=task.environment.workdir, output_limit=64 << 20)
+        lines = result.output.splitlines()
+        if result.exit_code != 0 or len(lines) != len(files):
+            raise InfraFailure("sandbox", f"reading the graded test files failed: {tail(result.output)}")
+        sources = {}
+        for path, line in zip(files, lines, strict=True):
+            if line != "-":
+                sources[path] = base64.b64decode(line).decode("utf-8", errors="surrogateescape")
+        return sources
+
+    def _write_tests(self, sandbox: Sandbox, task: Task, layout: DecoyLayout) -> None:
+        root = task.environment.workdir.rstrip("/")
+        for path, text in layout.files.items():
+            sandbox.put_file(f"{root}/{path}", text.encode("utf-8", errors="surrogateescape"))
+
+    def _spec(self, task: Task, layout: DecoyLayout, patched_files: list[str],
+              patched_lines: dict[str, list[tuple[int, int]]], full_runs: int = 1) -> dict:
+        """What the runner is told: ids and groups only, never which of a group is real (the spec is readable
+        by the tests' own processes)."""
         env, pytest_args = pytest_command_of(task)
-        spec = {"repo": task.environment.workdir, "pristine": SNAPSHOT, "test_files": test_files_of(task),
-                "fail_to_pass": list(task.FAIL_TO_PASS), "pass_to_pass": list(task.PASS_TO_PASS),
-                "patched_files": patched_files, "pytest_args": pytest_args, "env": env,
-                "timeout_s": self.config.timeout_s, "isolate_fail_to_pass": True,
+        return {"repo": task.environment.workdir, "pristine": SNAPSHOT, "test_files": test_files_of(task),
+                "graded": layout.graded, "groups": layout.groups, "alone": layout.alone, "full_runs": full_runs,
+                "patched_files": patched_files, "patched_lines": patched_lines,
+                "protected": sorted(part.path for part in split_diff(task.test_patch)),
+                "pytest_args": pytest_args, "env": env, "timeout_s": self.config.timeout_s,
                 "config_overlay_patch": _config_overlay(task)}
+
+    def _exec_runner(self, sandbox: Sandbox, task: Task, spec: dict, label: str) -> dict:
         encoded = base64.b64encode(json.dumps(spec).encode()).decode()
-        budget = self.config.timeout_s * (1 + len(task.FAIL_TO_PASS)) + 60
+        budget = self.config.timeout_s * (spec["full_runs"] + len(spec["alone"])) + 60
         result = sandbox.exec(f"exec python3 -I {RUNNER_MOUNT}/lego_grade.py {encoded}", timeout=budget,
                               workdir=task.environment.workdir, output_limit=16 << 20)
         line = next((line for line in reversed(result.output.splitlines()) if line.startswith(RESULT_MARKER)), None)
@@ -428,16 +576,89 @@ class Verifier:
             raise InfraFailure("runner_killed", f"the grading runner's verdict is unreadable {label}: {exc}",
                                tail(result.output, TEST_LOG_CHARS), result.exit_code) from exc
 
-    def _control_run(self, task: Task) -> tuple[bool, str]:
+    def _control_run(self, task: Task, plan: DecoyPlan) -> tuple[bool, str]:
         """The same grading without the agent's patch: is the machinery healthy for this task?"""
         try:
             with self.factory.open_task(task, purpose="verify-control",
                                         mounts={str(RUNNER_DIR): RUNNER_MOUNT}) as sandbox:
-                report = self._run_runner(sandbox, task, [], "without the agent's patch")
+                report, layout = self._run_runner(sandbox, task, [], "without the agent's patch", plan)
         except (InfraFailure, SandboxError, DockerException, OSError) as exc:
             return False, f"{type(exc).__name__}: {exc}"
-        _, _, _, failure = judge_report(report, task)
+        _, _, _, failure = judge_report(report, task, layout)
         return (failure is None, str(failure) if failure else "healthy")
+
+    # ------------------------------------------------------------------------------------------ decoys
+
+    def decoy_plan(self, task: Task) -> DecoyPlan:
+        """The task's validated decoys: from memory, from this machine's cache (by the task's content), or made now
+        by grading the gold patch once with every candidate decoy, twice over."""
+        key = decoy_plan_key(task, self.config.decoys_per_test)
+        if key in self._plans:
+            return self._plans[key]
+        path = cache_dir("decoys") / f"{key}.json"
+        plan = None
+        if path.is_file():
+            try:
+                plan = DecoyPlan.model_validate_json(path.read_text())
+            except ValueError:
+                plan = None  # a torn or foreign file: made again
+        if plan is None:
+            plan = self._make_decoy_plan(task)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(plan.model_dump_json())
+            partial.replace(path)
+        self._plans[key] = plan
+        return plan
+
+    def _make_decoy_plan(self, task: Task) -> DecoyPlan:
+        if not task.patch.strip():
+            return DecoyPlan(reason="the task has no gold patch to validate decoys against")
+        graded = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+        with self.factory.open_task(task, purpose="verify-decoys", mounts={str(RUNNER_DIR): RUNNER_MOUNT},
+                                    labels={"lego.task": task.instance_id}) as sandbox:
+            applied = self._apply(sandbox, task.patch, GOLD_PATCH_FILE)
+            if applied.exit_code != 0:
+                return DecoyPlan(reason=f"the gold patch does not apply: {tail(applied.output, 300)}")
+            self._apply_test_patch(sandbox, task, "with the gold patch")
+            sources = self._read_tests(sandbox, task)
+            candidates: dict[str, TestDecoys] = {}
+            for path, source in sources.items():
+                tests = [test for test in graded if test.split("::")[0] == path]
+                try:
+                    candidates.update(plan_candidates(source, tests, self.config.decoys_per_test))
+                except (SyntaxError, ValueError) as exc:
+                    candidates.update({test: TestDecoys(test=test, reason=f"its file does not parse here: {exc}")
+                                       for test in tests})
+            layout = validation_layout(sources, candidates, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS))
+            self._write_tests(sandbox, task, layout)
+            spec = self._spec(task, layout, [], {}, full_runs=2)
+            spec.update(alone=[])
+            report = self._exec_runner(sandbox, task, spec, "with the gold patch and every candidate decoy")
+        runs = [run for run in report.get("runs", []) if str(run.get("name", "")).startswith("full")]
+        failing = {decoy for decoy in layout.decoys
+                   if len(runs) == 2 and all(failed_in_call(run.get("tests", {}).get(decoy)) for run in runs)}
+        # A variant is kept when every id it was written under (each parametrized case) failed in both runs.
+        kept_members = {id(layout.members[decoy]) for decoy in failing}
+        kept_members -= {id(layout.members[decoy]) for decoy in layout.decoys if decoy not in failing}
+        kept = {(member.site, member.variant.model_dump_json()) for member in layout.members.values()
+                if id(member) in kept_members and member.variant is not None}
+        plan = DecoyPlan()
+        for test in graded:
+            found = candidates.get(test) or TestDecoys(test=test, reason="its file is not in the repository")
+            pools = [SitePool(site=pool.site, kind=pool.kind,
+                              variants=[v for v in pool.variants if (pool.site, v.model_dump_json()) in kept])
+                     for pool in found.pools]
+            pools = [pool for pool in pools if pool.variants]
+            reason = found.reason or ("" if pools else "no candidate decoy failed under the gold patch in both runs")
+            plan.tests[test] = TestDecoys(test=test, pools=pools, reason=reason)
+        return plan
+
+
+def decoy_plan_key(task: Task, k: int) -> str:
+    """What a task's decoy plan depends on: the tests, the fix, the environment, the decoy code's format."""
+    return content_hash(str(DECOY_FORMAT), str(k), task.instance_id, task.base_commit, task.patch, task.test_patch,
+                        json.dumps([task.FAIL_TO_PASS, task.PASS_TO_PASS]), task.test_command,
+                        task.environment.model_dump_json(), length=24)
 
 
 def infra_check(exc: BaseException) -> str:

@@ -142,10 +142,11 @@ def plugin_modules() -> list[str]:
     return sorted({ep.module for ep in entry_points(group="pytest11")})
 
 
-def protected_files(repo: str, test_args: list[str]) -> list[str]:
-    """What defines the tests: the test files, every conftest.py, the pytest configuration files on their
-    ancestor directories, and the bytecode caches beside the test files (a cached module is what gets run)."""
-    found: set[str] = set()
+def protected_files(repo: str, test_args: list[str], extra: list[str] = ()) -> list[str]:
+    """What defines the tests: the test files, every file the test patch adds or changes (helpers and data
+    included), every conftest.py, the pytest configuration files on their ancestor directories, and the bytecode
+    caches beside the test files (a cached module is what gets run)."""
+    found: set[str] = {os.path.join(repo, path) for path in extra}
     for arg in test_args:
         path = os.path.join(repo, arg.split("::")[0])
         found.add(path)
@@ -284,7 +285,8 @@ def collect(read_end: int, pid: int, timeout: float):
 
 def passed_in(run: dict, test: str) -> bool:
     """Whether `test` passed in `run` as the grader judges it (`grader.status_of_test`): every phase observed to
-    end ok and pytest reporting it passed."""
+    end ok and pytest reporting it passed. The runner does not know which test of a group is real: a group whose
+    tests all failed cannot hold a passing real test, so its alone run would decide nothing."""
     entry = run.get("tests", {}).get(test)
     if not entry:
         return False
@@ -296,12 +298,17 @@ def passed_in(run: dict, test: str) -> bool:
 
 def summarize(records: list[dict], pid: int) -> dict:
     tests: dict[str, dict] = {}
-    result: dict = {"tests": tests, "tamper": [], "defeaters": [], "collect_errors": [], "collected": None,
+    result: dict = {"tests": tests, "tamper": [], "defeaters": [], "suspicions": [], "collect_errors": [],
+                    "collected": None,
                     "end_rc": None, "foreign_records": 0}
     for record in records:
         kind = record.get("t")
         if kind in ("tamper", "defeater"):
             (result["defeaters"] if kind == "defeater" else result["tamper"]).append(str(record.get("detail"))[:500])
+            continue
+        if kind == "suspect":  # something honest code also does: evidence, never a verdict
+            if len(result["suspicions"]) < 50:
+                result["suspicions"].append(str(record.get("detail"))[:300])
             continue
         if kind == "garbled":  # nothing a test needs to pass; kept as evidence, not held against anyone
             result["garbled"] = result.get("garbled", 0) + 1
@@ -367,7 +374,7 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
     tamper, guard, plugin_module = ctx["tamper"], ctx["guard"], ctx["plugin_module"]
     tamper.runner_pids = {os.getpid(), os.getppid()}
     fingerprint = guard.Fingerprint(("_pytest", "pytest", "pluggy", "iniconfig", "lego_grade"))
-    graded = frozenset([*spec["fail_to_pass"], *spec["pass_to_pass"]])
+    graded = frozenset(spec["graded"])
     plugin, emit = plugin_module.make_plugin(channel, fingerprint, tamper, ctx["sources"], ctx["operand_ignored"],
                                              guard.keep_first, ctx["finder"], graded)
     # The audit hook is inherited from the supervisor: in this run it reports through this run's channel.
@@ -454,20 +461,23 @@ def main() -> None:
            "operand_ignored": operand_ignored}
     base_args = ["-p", "no:cacheprovider", "-rA", *sum((["-p", m] for m in report["plugins"]), []),
                  *spec.get("pytest_args", [])]
-    ctx["protected"] = protected_files(repo, test_args)
+    ctx["protected"] = protected_files(repo, test_args, spec.get("protected", []))
     ctx["protected_state"] = file_state(ctx["protected"])
     tamper.install()
-    runs = [run_child("full", [*base_args, *test_args], spec["timeout_s"], spec, ctx)]
-    # Each FAIL_TO_PASS test alone can only confirm a resolution: when a graded test did not pass in the full run,
-    # the patch resolves nothing whatever the alone runs say, so they are not run (one interpreter per test).
-    unpassed = next((test for test in [*spec["fail_to_pass"], *spec.get("pass_to_pass", [])]
-                     if not passed_in(runs[0], test)), None)
+    runs = []
+    for index in range(spec.get("full_runs", 1)):
+        runs.append(run_child("full" if index == 0 else f"full-{index + 1}", [*base_args, *test_args],
+                              spec["timeout_s"], spec, ctx))
+    # Each group alone can only confirm a resolution: when a group has no passing test in the full run, its real
+    # test failed and the patch resolves nothing, so no group is run alone (one interpreter per group).
+    groups = spec.get("groups", [])
+    unpassed = next((group for group in groups if not any(passed_in(runs[0], test) for test in group)), None)
     if unpassed is not None:
-        report["alone_skipped"] = f"{unpassed} did not pass in the full run"
-    elif spec.get("isolate_fail_to_pass", True) and not runs[0]["timed_out"]:
-        for index, test in enumerate(spec["fail_to_pass"]):
-            runs.append(run_child(f"alone-{index}", [*base_args, test], spec["timeout_s"], spec, ctx))
-            runs[-1]["test"] = test
+        report["alone_skipped"] = f"no test of the group {', '.join(unpassed[:3])} passed in the full run"
+    elif not runs[0]["timed_out"]:
+        for index in spec.get("alone", []):
+            runs.append(run_child(f"alone-{index}", [*base_args, *groups[index]], spec["timeout_s"], spec, ctx))
+            runs[-1]["group"] = groups[index]
             if runs[-1]["timed_out"]:
                 break
     report["runs"] = runs
