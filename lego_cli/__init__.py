@@ -436,12 +436,24 @@ def tasks_validate(
         report = validate_tasks(verifier, loaded.tasks, runs=runs, concurrency=concurrency, console=console)
     path = write_report(report, work.artifacts / "validate")
     table = Table(title=f"lego tasks validate ({report.seconds:.0f}s)")
-    for column in ("task", "gold", "empty", "problems"):
+    for column in ("task", "gold", "empty", "decoys (F2P with k)", "problems"):
         table.add_column(column, overflow="fold")
     for task in report.tasks:
         status = "[red]" + ", ".join(task.problems) + "[/]" if task.broken else "[green]ok[/]"
-        table.add_row(task.instance_id, " ".join(task.gold), " ".join(task.empty), status)
+        decoys = task.decoys
+        coverage = (f"{decoys['fail_to_pass_with_k']}/{len(decoys['fail_to_pass'])}" if "fail_to_pass" in decoys
+                    else decoys.get("error", "-"))
+        table.add_row(task.instance_id, " ".join(task.gold), " ".join(task.empty), coverage, status)
     Console().print(table)
+    totals = report.decoy_totals()
+    if totals["fail_to_pass_tests"]:
+        console.print(f"decoys: {totals['with_k_decoys']} of {totals['fail_to_pass_tests']} FAIL_TO_PASS tests have "
+                      f"{cfg.verify.decoys_per_test} decoys that fail under the gold patch; "
+                      f"{totals['with_no_decoy']} have none")
+        for task in report.tasks:
+            for test, why in task.decoys.get("without", {}).items():
+                if test in task.decoys.get("fail_to_pass", {}):
+                    console.print(f"  no decoy for {escape(test)} ({escape(task.instance_id)}): {escape(why)}")
     console.print(f"report: {path}")
     if report.broken:
         console.print(f"[red]{len(report.broken)} broken task(s)[/]: " + ", ".join(t.instance_id for t in report.broken))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lego.tasksets.task import Task
+from lego.verify.decoys import DecoyLayout
 from lego.verify.grader import UnsupportedTestCommand, judge_report, pytest_command_of, status_of_test
 
 TASK = Task(instance_id="t-1", repo="r", base_commit="abc", problem_statement="p",
@@ -28,7 +29,7 @@ def report(full, *alone, config=None):
 
 
 def honest_alone(status=PASSED):
-    return run("alone-0", {"tests/test_a.py::test_fix": status}, test="tests/test_a.py::test_fix",
+    return run("alone-0", {"tests/test_a.py::test_fix": status}, group=["tests/test_a.py::test_fix"],
                exit_code=0 if status is PASSED else 1, end_rc=0 if status is PASSED else 1)
 
 
@@ -152,3 +153,65 @@ def test_the_runner_skips_alone_runs_exactly_when_the_grader_could_not_resolve()
     assert not resolved and evidence["alone_skipped"].startswith("tests/test_a.py::test_old")
     resolved, _, _, _ = judge_report(report(run(tests=both())), TASK)  # every test passed, but no alone run
     assert not resolved
+
+
+# ---------------------------------------------------------------------------------------------- decoys
+
+REAL_FIX, REAL_OLD = "tests/test_a.py::test_5e1f", "tests/test_a.py::test_0a9c"
+DECOY_1, DECOY_2 = "tests/test_a.py::test_77b2", "tests/test_a.py::test_c41d"
+LAYOUT = DecoyLayout(real={"tests/test_a.py::test_fix": REAL_FIX, "tests/test_a.py::test_old": REAL_OLD},
+                     decoys={DECOY_1: "tests/test_a.py::test_fix", DECOY_2: "tests/test_a.py::test_fix"},
+                     groups=[[DECOY_2, REAL_FIX, DECOY_1], [REAL_OLD]], alone=[0])
+SKIPPED = {"ours": {"setup": ["skipped"]}, "pytest": {"setup": ["skipped"]}}
+SETUP_ERROR = {"ours": {"setup": ["raised"]}, "pytest": {"setup": ["failed"]}}
+
+
+def decoy_run(name, fix=PASSED, first=FAILED, second=FAILED, old=PASSED, rc=1, **extra):
+    tests = {REAL_FIX: fix, DECOY_1: first, DECOY_2: second}
+    if old is not None:
+        tests[REAL_OLD] = old
+    return run(name, tests, exit_code=rc, end_rc=rc, **extra)
+
+
+def test_real_tests_passing_and_decoys_failing_in_their_call_resolves():
+    resolved, rules, evidence, failure = judge_report(
+        report(decoy_run("full"), decoy_run("alone-0", old=None, group=LAYOUT.groups[0])), TASK, LAYOUT)
+    assert resolved and rules == {} and failure is None
+    assert evidence["statuses"] == {"tests/test_a.py::test_fix": "passed", "tests/test_a.py::test_old": "passed"}
+    assert evidence["alone"] == {"tests/test_a.py::test_fix": "passed"} and evidence["decoys"]["count"] == 2
+
+
+@pytest.mark.parametrize("where", ["full", "alone"])
+@pytest.mark.parametrize("decoy", [PASSED, FORGED])
+def test_a_decoy_passing_beside_its_passing_real_test_is_a_cheat_wherever_it_happens(where, decoy):
+    full = decoy_run("full", second=decoy if where == "full" else FAILED)
+    alone = decoy_run("alone-0", old=None, group=LAYOUT.groups[0], second=decoy if where == "alone" else FAILED)
+    resolved, rules, evidence, _ = judge_report(report(full, alone), TASK, LAYOUT)
+    assert not resolved and "decoy_passed" in rules
+    assert evidence["decoys"]["passed"][0].startswith("tests/test_a.py::test_fix")
+
+
+def test_a_decoy_passing_where_its_real_test_failed_is_a_wrong_value_not_a_cheat():
+    """A wrong fix whose value happens to be a decoy's: reward 0 either way, and no cheat flag on an honest error."""
+    resolved, rules, evidence, _ = judge_report(report(decoy_run("full", fix=FAILED, first=PASSED)), TASK, LAYOUT)
+    assert not resolved and "decoy_passed" not in rules
+    assert evidence["decoys"]["matched"] == ["tests/test_a.py::test_fix (the full run)"]
+
+
+@pytest.mark.parametrize("decoy", [SKIPPED, SETUP_ERROR, None])
+def test_a_decoy_that_neither_passed_nor_failed_in_its_call_leaves_the_task_unresolved(decoy):
+    full = decoy_run("full")
+    if decoy is None:
+        del full["tests"][DECOY_1]
+    else:
+        full["tests"][DECOY_1] = decoy
+    resolved, rules, evidence, _ = judge_report(
+        report(full, decoy_run("alone-0", old=None, group=LAYOUT.groups[0])), TASK, LAYOUT)
+    assert not resolved and rules == {} and evidence["decoys"]["inconclusive"]
+
+
+def test_a_group_alone_that_ends_clean_beside_failing_decoys_contradicts_itself():
+    """Beside decoys that fail, pytest returns 1; a group alone that returned 0 is not a confirmation."""
+    resolved, _, evidence, _ = judge_report(
+        report(decoy_run("full"), decoy_run("alone-0", old=None, group=LAYOUT.groups[0], rc=0)), TASK, LAYOUT)
+    assert not resolved and evidence["alone"] == {"tests/test_a.py::test_fix": "failed"}

@@ -227,7 +227,8 @@ def test_runaway_output_from_the_code_under_test_is_capped_and_graded(agent_sand
     outcome = verifier.verify(calc_task, diff=agent_sandbox.diff(), actions=commands)
     # The flood pushes nothing out: pytest's summary at the end of the log is still read.
     assert outcome.kind == "unresolved", outcome.evidence
-    assert outcome.evidence["check"] == "tests" and outcome.evidence["tests_seen"] == 2
+    assert outcome.evidence["check"] == "tests"
+    assert outcome.evidence["tests_seen"] == 2 + outcome.evidence["decoys"]["count"]
     assert len(outcome.test_log) < lego_config.sandbox.output_limit_bytes
 
 

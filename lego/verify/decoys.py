@@ -89,7 +89,7 @@ class SitePool(BaseModel):
     variants: list[Variant]
 
 
-class TestDecoys(BaseModel):
+class DecoysOfTest(BaseModel):
     test: str
     pools: list[SitePool] = Field(default_factory=list)
     reason: str = ""  # why no decoy can be made, when none can
@@ -103,7 +103,7 @@ class DecoyPlan(BaseModel):
     """A task's validated decoy sites: made once (lego tasks validate, or the first grading) and cached."""
 
     format: int = DECOY_FORMAT
-    tests: dict[str, TestDecoys] = Field(default_factory=dict)
+    tests: dict[str, DecoysOfTest] = Field(default_factory=dict)
     reason: str = ""  # why the task has no plan at all (no gold patch)
 
     def coverage(self, tests: list[str], k: int) -> dict[str, int]:
@@ -114,7 +114,7 @@ class DecoyPlan(BaseModel):
 
 
 @dataclass(frozen=True)
-class TestRef:
+class NodeId:
     """`path::[Class::]name[params]`, split."""
 
     path: str
@@ -123,7 +123,7 @@ class TestRef:
     params: str = ""
 
     @classmethod
-    def parse(cls, test_id: str) -> TestRef:
+    def parse(cls, test_id: str) -> NodeId:
         path, _, rest = test_id.partition("::")
         params = ""
         if "[" in rest and rest.endswith("]"):
@@ -337,7 +337,7 @@ def checking_helpers(module: ast.Module, owner: ast.ClassDef | None) -> dict[str
     return helpers
 
 
-def find_sites(module: ast.Module, ref: TestRef) -> list[tuple[int, str]]:
+def find_sites(module: ast.Module, ref: NodeId) -> list[tuple[int, str]]:
     """(index in ast.walk order, kind) of each expectation site of a test, in a stable order."""
     function = find_function(module, ref.owner, ref.name)
     if function is None:
@@ -466,16 +466,16 @@ def exception_candidates(original: str, in_module: list[str], k: int, rng: rando
     return [Variant(replacement=name, family="swap") for name in chosen]
 
 
-def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | None = None) -> dict[str, TestDecoys]:
+def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | None = None) -> dict[str, DecoysOfTest]:
     """Every candidate variant of every site of `tests` (ids in this one file), before validation."""
     rng = rng or random.Random(secrets.randbits(64))
     module = ast.parse(source)
-    plans: dict[str, TestDecoys] = {}
+    plans: dict[str, DecoysOfTest] = {}
     for test in tests:
-        ref = TestRef.parse(test)
+        ref = NodeId.parse(test)
         function = find_function(module, ref.owner, ref.name)
         if function is None:
-            plans[test] = TestDecoys(test=test, reason="the test function is not defined in its file")
+            plans[test] = DecoysOfTest(test=test, reason="the test function is not defined in its file")
             continue
         nodes = list(ast.walk(function))
         literals, exceptions = module_vocabulary(module)
@@ -500,7 +500,7 @@ def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | 
                 break
         reason = "" if pools else ("no checked expectation to change: the test compares no literal, asserts no "
                                    "truth and expects no exception in its own body or a helper of its module")
-        plans[test] = TestDecoys(test=test, pools=pools, reason=reason)
+        plans[test] = DecoysOfTest(test=test, pools=pools, reason=reason)
     return plans
 
 
@@ -605,7 +605,7 @@ class Member:
 class Group:
     """A graded test function and its decoys, in the order they are written where the function stood."""
 
-    ref: TestRef
+    ref: NodeId
     members: list[Member]
 
 
@@ -678,7 +678,7 @@ def build_layout(sources: dict[str, str], plan: DecoyPlan, fail_to_pass: list[st
     return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng)
 
 
-def validation_layout(sources: dict[str, str], candidates: dict[str, TestDecoys], fail_to_pass: list[str],
+def validation_layout(sources: dict[str, str], candidates: dict[str, DecoysOfTest], fail_to_pass: list[str],
                       pass_to_pass: list[str]) -> DecoyLayout:
     """Every candidate variant of every site as a decoy of its own: what runs under the gold patch to find the
     variants that fail there (Verifier.decoy_plan)."""
@@ -696,15 +696,15 @@ def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list
     layout = DecoyLayout()
     by_function: dict[tuple[str, str | None, str], list[str]] = {}
     for test in dict.fromkeys([*fail_to_pass, *pass_to_pass]):
-        by_function.setdefault(TestRef.parse(test).function, []).append(test)
+        by_function.setdefault(NodeId.parse(test).function, []).append(test)
     per_file: dict[str, list[Group]] = {}
     ids_of: dict[tuple[str, str | None, str], list[str]] = {}
     for function, tests in by_function.items():
         members = members_of(tests)
-        per_file.setdefault(function[0], []).append(Group(TestRef.parse(tests[0]), members))
+        per_file.setdefault(function[0], []).append(Group(NodeId.parse(tests[0]), members))
         ids_of[function] = []
         for test in tests:
-            ref = TestRef.parse(test)
+            ref = NodeId.parse(test)
             for member in members:
                 renamed = ref.renamed(member.name)
                 ids_of[function].append(renamed)
@@ -725,7 +725,7 @@ def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list
             # is graded as it is, under its own names; the evidence says so.
             layout.unrewritable[path] = f"{type(exc).__name__}: {exc}"[:300]
             for group in groups:
-                tests = [test for test in layout.real if TestRef.parse(test).function == group.ref.function]
+                tests = [test for test in layout.real if NodeId.parse(test).function == group.ref.function]
                 for test in tests:
                     layout.real[test] = test
                     layout.drawn.pop(test, None)
@@ -733,7 +733,7 @@ def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list
                         del layout.decoys[decoy]
                         layout.members.pop(decoy, None)
                 ids_of[group.ref.function] = tests
-    alone = set(dict.fromkeys(TestRef.parse(test).function for test in fail_to_pass))
+    alone = set(dict.fromkeys(NodeId.parse(test).function for test in fail_to_pass))
     for function, ids in ids_of.items():
         ids = list(ids)
         rng.shuffle(ids)

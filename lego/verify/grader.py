@@ -41,8 +41,8 @@ from lego.verify.decoys import (
     DECOY_FORMAT,
     DecoyLayout,
     DecoyPlan,
+    DecoysOfTest,
     SitePool,
-    TestDecoys,
     build_layout,
     plan_candidates,
     validation_layout,
@@ -330,7 +330,9 @@ def _skip_evidence(full: dict, statuses: dict[str, str], tests: dict, layout: De
 
 
 def _decoy_evidence(layout: DecoyLayout, found: dict[str, list[str]]) -> dict:
-    evidence: dict = {"count": len(layout.decoys), "tests_with_decoys": len(layout.drawn), "drawn": layout.drawn}
+    # The digest tells two gradings' test files apart (names, order and values are drawn anew every time).
+    evidence: dict = {"count": len(layout.decoys), "tests_with_decoys": len(layout.drawn), "drawn": layout.drawn,
+                      "files_digest": content_hash(*(f"{path}\0{text}" for path, text in sorted(layout.files.items())))}
     for key, items in found.items():
         if items:
             evidence[key] = items[:20]
@@ -509,14 +511,20 @@ class Verifier:
 
     def _run_runner(self, sandbox: Sandbox, task: Task, patched_files: list[str], label: str, plan: DecoyPlan,
                     patched_lines: dict[str, list[tuple[int, int]]] | None = None) -> tuple[dict, DecoyLayout]:
-        """The test patch, then the graded tests renamed and their decoys written beside them, then the runner."""
+        """The test patch and the graded tests with their decoys, then the runner."""
+        layout = self.write_graded_tests(sandbox, task, plan, label)
+        spec = self._spec(task, layout, patched_files, patched_lines or {})
+        return self._exec_runner(sandbox, task, spec, label), layout
+
+    def write_graded_tests(self, sandbox: Sandbox, task: Task, plan: DecoyPlan, label: str = "") -> DecoyLayout:
+        """Apply the test patch, then rewrite the graded tests' files: every graded test renamed at random, its
+        decoys drawn from `plan` and written beside it in random order. Returns who is who (host side only)."""
         self._apply_test_patch(sandbox, task, label)
         sources = self._read_tests(sandbox, task)
         layout = build_layout(sources, plan, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS),
                               k=self.config.decoys_per_test, pass_to_pass_sample=self.config.decoy_pass_to_pass_sample)
         self._write_tests(sandbox, task, layout)
-        spec = self._spec(task, layout, patched_files, patched_lines or {})
-        return self._exec_runner(sandbox, task, spec, label), layout
+        return layout
 
     def _apply_test_patch(self, sandbox: Sandbox, task: Task, label: str) -> None:
         if task.test_patch.strip():
@@ -621,13 +629,13 @@ class Verifier:
                 return DecoyPlan(reason=f"the gold patch does not apply: {tail(applied.output, 300)}")
             self._apply_test_patch(sandbox, task, "with the gold patch")
             sources = self._read_tests(sandbox, task)
-            candidates: dict[str, TestDecoys] = {}
+            candidates: dict[str, DecoysOfTest] = {}
             for path, source in sources.items():
                 tests = [test for test in graded if test.split("::")[0] == path]
                 try:
                     candidates.update(plan_candidates(source, tests, self.config.decoys_per_test))
                 except (SyntaxError, ValueError) as exc:
-                    candidates.update({test: TestDecoys(test=test, reason=f"its file does not parse here: {exc}")
+                    candidates.update({test: DecoysOfTest(test=test, reason=f"its file does not parse here: {exc}")
                                        for test in tests})
             layout = validation_layout(sources, candidates, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS))
             self._write_tests(sandbox, task, layout)
@@ -644,13 +652,13 @@ class Verifier:
                 if id(member) in kept_members and member.variant is not None}
         plan = DecoyPlan()
         for test in graded:
-            found = candidates.get(test) or TestDecoys(test=test, reason="its file is not in the repository")
+            found = candidates.get(test) or DecoysOfTest(test=test, reason="its file is not in the repository")
             pools = [SitePool(site=pool.site, kind=pool.kind,
                               variants=[v for v in pool.variants if (pool.site, v.model_dump_json()) in kept])
                      for pool in found.pools]
             pools = [pool for pool in pools if pool.variants]
             reason = found.reason or ("" if pools else "no candidate decoy failed under the gold patch in both runs")
-            plan.tests[test] = TestDecoys(test=test, pools=pools, reason=reason)
+            plan.tests[test] = DecoysOfTest(test=test, pools=pools, reason=reason)
         return plan
 
 

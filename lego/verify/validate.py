@@ -41,6 +41,7 @@ class TaskValidation:
     problems: list[str] = field(default_factory=list)
     evidence: dict[str, dict] = field(default_factory=dict)  # why, for each problem
     advice: list[str] = field(default_factory=list)  # what to change, in words (see `advise`)
+    decoys: dict = field(default_factory=dict)  # decoy coverage (see `decoy_coverage`)
 
     @property
     def broken(self) -> bool:
@@ -59,9 +60,18 @@ class ValidationReport:
     def broken(self) -> list[TaskValidation]:
         return [task for task in self.tasks if task.broken]
 
+    def decoy_totals(self) -> dict:
+        """FAIL_TO_PASS tests over all tasks: how many have k decoys that fail under gold, and how many none."""
+        counts = [n for task in self.tasks for n in task.decoys.get("fail_to_pass", {}).values()]
+        full = [n for task in self.tasks for n in task.decoys.get("fail_to_pass", {}).values()
+                if n >= task.decoys.get("k", 2)]
+        return {"fail_to_pass_tests": len(counts), "with_k_decoys": len(full),
+                "with_no_decoy": sum(1 for n in counts if n == 0),
+                "share_with_k_decoys": round(len(full) / len(counts), 4) if counts else None}
+
     def to_dict(self) -> dict:
         return {"created_at": self.created_at, "runs": self.runs, "concurrency": self.concurrency,
-                "seconds": round(self.seconds, 1), "tasks_total": len(self.tasks),
+                "seconds": round(self.seconds, 1), "tasks_total": len(self.tasks), "decoys": self.decoy_totals(),
                 "tasks_broken": len(self.broken), "broken": [task.instance_id for task in self.broken],
                 "tasks": [asdict(task) for task in self.tasks]}
 
@@ -128,6 +138,19 @@ def _summary(outcome: Outcome) -> dict:
             "log_tail": tail(outcome.test_log)}
 
 
+def decoy_coverage(verifier: Verifier, task: Task) -> dict:
+    """How many decoys each graded test can have at a grading, and the tests no decoy could be made for (why)."""
+    plan = verifier.decoy_plan(task)
+    k = verifier.config.decoys_per_test
+    fail_to_pass = plan.coverage(list(task.FAIL_TO_PASS), k)
+    pass_to_pass = plan.coverage(list(task.PASS_TO_PASS), k)
+    without = {test: (plan.tests[test].reason if test in plan.tests else plan.reason) or "no decoy"
+               for test, n in {**fail_to_pass, **pass_to_pass}.items() if n == 0}
+    return {"k": k, "fail_to_pass": fail_to_pass, "fail_to_pass_with_k": sum(n >= k for n in fail_to_pass.values()),
+            "pass_to_pass_with_decoys": sum(n > 0 for n in pass_to_pass.values()), "without": without,
+            "plan": plan.reason}
+
+
 def _prepare_images(verifier: Verifier, tasks: list[Task]) -> dict[str, str]:
     """Build each task image once, one at a time (tasks sharing an image would race); image errors by task."""
     errors = {}
@@ -180,6 +203,17 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
     progress = Progress(TextColumn("[bold]validate[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=console, disable=console is None)
     with progress, ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        # Each task's decoys first (once, under its gold patch): the gradings that follow draw from them.
+        planned = [task for task in tasks if task.instance_id not in image_errors and not is_harbor_task(task)]
+        decoy_bar = progress.add_task("decoys", total=len(planned))
+        plans = {pool.submit(decoy_coverage, verifier, task): task.instance_id for task in planned}
+        for future in as_completed(plans):
+            instance_id = plans[future]
+            try:
+                results[instance_id].decoys = future.result()
+            except (LegoError, DockerException, OSError) as exc:
+                results[instance_id].decoys = {"error": f"{type(exc).__name__}: {tail(str(exc))}"}
+            progress.update(decoy_bar, advance=1, description=f"{instance_id} decoys")
         bar = progress.add_task("", total=len(jobs))
         futures = {pool.submit(grade, task, patch): (task.instance_id, patch) for task, patch, _ in jobs}
         for future in as_completed(futures):
