@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from lego.tasksets.task import Task
+from lego.tasksets.task import Task, UnsupportedTestCommand, pytest_command_of
 from lego.verify.decoys import DecoyLayout
-from lego.verify.grader import UnsupportedTestCommand, judge_report, pytest_command_of, status_of_test
+from lego.verify.grader import judge_report, status_of_test, without_early_stops, written_lines
 
 TASK = Task(instance_id="t-1", repo="r", base_commit="abc", problem_statement="p",
             FAIL_TO_PASS=["tests/test_a.py::test_fix"], PASS_TO_PASS=["tests/test_a.py::test_old"])
@@ -215,3 +215,16 @@ def test_a_group_alone_that_ends_clean_beside_failing_decoys_contradicts_itself(
     resolved, _, evidence, _ = judge_report(
         report(decoy_run("full"), decoy_run("alone-0", old=None, group=LAYOUT.groups[0], rc=0)), TASK, LAYOUT)
     assert not resolved and evidence["alone"] == {"tests/test_a.py::test_fix": "failed"}
+
+
+def test_arguments_that_stop_a_session_at_a_failure_are_dropped_since_decoys_fail_by_design():
+    assert without_early_stops(["-x", "-rA", "--maxfail", "2", "--maxfail=1", "-xvs", "-rx", "--sw", "-p", "no:foo"]) \
+        == ["-rA", "-vs", "-rx", "-p", "no:foo"]
+
+
+def test_the_lines_a_patch_wrote_are_its_added_lines_in_the_new_file():
+    from lego.verify.cheat import split_diff
+
+    patch = ("diff --git a/t.py b/t.py\n--- a/t.py\n+++ b/t.py\n@@ -1,4 +1,5 @@\n a = 1\n-b = 2\n+b = 3\n+c = 4\n"
+             " d = 5\n e = 6\n@@ -10,2 +11,3 @@\n x\n+y\n z\n")
+    assert written_lines(split_diff(patch)) == {"t.py": {2, 3, 12}}

@@ -152,10 +152,10 @@ def _task_toml(task: Task, verifier_timeout_s: float, agent_timeout_s: float) ->
 
 
 def _check_spec(task: Task) -> dict[str, Any]:
-    from lego.verify.grader import pytest_command_of, test_files_of
+    from lego.tasksets.task import graded_test_files, pytest_command_of
 
     env, pytest_args = pytest_command_of(task)
-    return {"env": env, "pytest_args": pytest_args, "test_files": test_files_of(task),
+    return {"env": env, "pytest_args": pytest_args, "test_files": graded_test_files(task),
             "fail_to_pass": list(task.FAIL_TO_PASS), "pass_to_pass": list(task.PASS_TO_PASS)}
 
 

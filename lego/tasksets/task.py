@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lego.errors import LegoError
 from lego.tasksets.environment import EnvironmentSpec
+
+PYTEST_PREFIXES = ("python3 -m pytest", "python -m pytest", "pytest")
 
 NO_FAIL_TO_PASS_WHY = ("an empty patch would resolve it, since zero FAIL_TO_PASS and PASS_TO_PASS tests count as a "
                        "full pass")
@@ -116,3 +120,29 @@ def harbor_recipe(task: Task) -> dict[str, Any] | None:
 def is_harbor_task(task: Task) -> bool:
     """Graded by running its tests/test.sh (Harbor's verifier) rather than by FAIL_TO_PASS/PASS_TO_PASS."""
     return harbor_recipe(task) is not None
+
+
+class UnsupportedTestCommand(LegoError):
+    """The task's test_command is not a pytest invocation, which is what the grading runner runs."""
+
+
+def graded_test_files(task: Task) -> list[str]:
+    files = [test.split("::")[0] for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]]
+    return sorted(dict.fromkeys(f for f in files if f))
+
+
+def pytest_command_of(task: Task) -> tuple[dict[str, str], list[str]]:
+    """The environment assignments and the arguments of the task's pytest command (`[VAR=value ...] python3 -m
+    pytest [ARGS]`); its interpreter and entry point are the runner's own."""
+    words = shlex.split(task.test_command)
+    env: dict[str, str] = {}
+    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    for prefix in PYTEST_PREFIXES:
+        head = prefix.split()
+        if words[:len(head)] == head:
+            return env, words[len(head):]
+    raise UnsupportedTestCommand(
+        f"task {task.instance_id}: test_command {task.test_command!r} is not a pytest command; the grader runs "
+        f"FAIL_TO_PASS/PASS_TO_PASS with pytest (write it as `[VAR=value ...] python3 -m pytest [ARGS]`)")

@@ -47,9 +47,9 @@ from pydantic import BaseModel, Field
 
 from lego.errors import LegoError
 
-DECOY_FORMAT = 1  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
-MAX_SITES_PER_TEST = 4
-MAX_VARIANTS_PER_SITE = 8
+DECOY_FORMAT = 2  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+MAX_SITES_PER_TEST = 3
+MAX_VARIANTS_PER_SITE = 12  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12
 
 EQUALITY_CALLS = frozenset({
@@ -87,6 +87,9 @@ class SitePool(BaseModel):
     site: int  # the node's index in ast.walk order over the test function
     kind: str  # value | flip_assert | flip_is | flip_call | exception
     variants: list[Variant]
+    # On a line the test patch wrote. A site on a line the repository already had can be read off its pristine copy
+    # (git, the snapshot) by the graded code: the member that agrees with it is the real one.
+    written: bool = True
 
 
 class DecoysOfTest(BaseModel):
@@ -105,6 +108,9 @@ class DecoyPlan(BaseModel):
     format: int = DECOY_FORMAT
     tests: dict[str, DecoysOfTest] = Field(default_factory=dict)
     reason: str = ""  # why the task has no plan at all (no gold patch)
+    # Test files graded as they are, under their own names, with no decoys: rewriting them changed what their tests
+    # do under the gold patch (a test that reads its own name, state shared with a decoy that stopped half-way).
+    untouched: dict[str, str] = Field(default_factory=dict)
 
     def coverage(self, tests: list[str], k: int) -> dict[str, int]:
         return {test: (self.tests[test].available(k) if test in self.tests else 0) for test in tests}
@@ -366,14 +372,14 @@ def _decimals(value: float) -> int:
 def number_candidates(value: int | float, k: int, rng: random.Random) -> list[Variant]:
     """A progression around the real value, several steps: a grading takes k+1 consecutive terms containing it."""
     if isinstance(value, int):
-        steps = sorted({1, 2, rng.choice([3, 5, 7])} | ({max(1, abs(value) // 10)} if abs(value) >= 20 else set()))
+        steps = sorted({1, rng.choice([2, 3, 5])} | ({max(1, abs(value) // 10)} if abs(value) >= 20 else set()))[:2]
         variants = [Variant(replacement=repr(value + step * j), family=f"step:{step}", offset=j)
                     for step in steps for j in range(-k, k + 1) if j]
         return variants
     magnitude = 10.0 ** math.floor(math.log10(abs(value))) if value else 1.0
     decimals = _decimals(value)
     out = []
-    for factor in (1, 2, 5):
+    for factor in (1, rng.choice([2, 5])):
         step = magnitude * factor
         places = max(decimals, _decimals(step))
         for j in range(-k, k + 1):
@@ -466,8 +472,10 @@ def exception_candidates(original: str, in_module: list[str], k: int, rng: rando
     return [Variant(replacement=name, family="swap") for name in chosen]
 
 
-def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | None = None) -> dict[str, DecoysOfTest]:
-    """Every candidate variant of every site of `tests` (ids in this one file), before validation."""
+def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | None = None,
+                    written_lines: set[int] | None = None) -> dict[str, DecoysOfTest]:
+    """Every candidate variant of every site of `tests` (ids in this one file), before validation. With
+    `written_lines` (the lines of this file the test patch wrote), sites on those lines come first."""
     rng = rng or random.Random(secrets.randbits(64))
     module = ast.parse(source)
     plans: dict[str, DecoysOfTest] = {}
@@ -480,7 +488,10 @@ def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | 
         nodes = list(ast.walk(function))
         literals, exceptions = module_vocabulary(module)
         pools = []
-        for index, kind in find_sites(module, ref)[:MAX_SITES_PER_TEST * 3]:
+        sites = find_sites(module, ref)
+        if written_lines is not None:
+            sites.sort(key=lambda site: getattr(nodes[site[0]], "lineno", 0) not in written_lines)  # stable
+        for index, kind in sites[:MAX_SITES_PER_TEST * 3]:
             node = nodes[index]
             if kind == "value":
                 value = _literal_value(node)
@@ -495,7 +506,9 @@ def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | 
             else:
                 variants = [Variant(family="flip")]
             if variants:
-                pools.append(SitePool(site=index, kind=kind, variants=variants[:MAX_VARIANTS_PER_SITE * 2]))
+                written = written_lines is None or getattr(node, "lineno", 0) in written_lines
+                pools.append(SitePool(site=index, kind=kind, variants=variants[:MAX_VARIANTS_PER_SITE],
+                                      written=written))
             if len(pools) >= MAX_SITES_PER_TEST:
                 break
         reason = "" if pools else ("no checked expectation to change: the test compares no literal, asserts no "
@@ -644,6 +657,13 @@ class DecoyLayout:
     unrewritable: dict[str, str] = field(default_factory=dict)  # a test file left as it was, and why
     members: dict[str, Member] = field(default_factory=dict)  # every graded id -> the function written for it
 
+    @classmethod
+    def identity(cls, tests: list[str], alone: list[str]) -> DecoyLayout:
+        """Every test under its own name and no decoy (the tests as the task wrote them)."""
+        groups = [[test] for test in dict.fromkeys(tests)]
+        return cls(real={test: test for test in tests}, groups=groups,
+                   alone=[index for index, group in enumerate(groups) if group[0] in set(alone)])
+
     @property
     def graded(self) -> list[str]:
         return [*self.real.values(), *self.decoys]
@@ -668,14 +688,15 @@ def build_layout(sources: dict[str, str], plan: DecoyPlan, fail_to_pass: list[st
         pools = plan.tests[tests[0]].pools if tests[0] in plan.tests else []
         if pools and any(test in with_decoys for test in tests):
             # A site that gives the most decoys, then its values; all decoys change that one site.
-            sizes = [len(draw_variants(pool, k, random.Random(0))) for pool in pools]
-            pool = rng.choice([p for p, size in zip(pools, sizes, strict=True) if size == max(sizes)])
+            written = [pool for pool in pools if pool.written] or pools
+            sizes = [len(draw_variants(pool, k, random.Random(0))) for pool in written]
+            pool = rng.choice([p for p, size in zip(written, sizes, strict=True) if size == max(sizes)])
             members += [Member(random_name(), "decoy", pool.site, pool.kind, variant)
                         for variant in draw_variants(pool, k, rng)]
         rng.shuffle(members)
         return members
 
-    return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng)
+    return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng, untouched=plan.untouched)
 
 
 def validation_layout(sources: dict[str, str], candidates: dict[str, DecoysOfTest], fail_to_pass: list[str],
@@ -684,15 +705,18 @@ def validation_layout(sources: dict[str, str], candidates: dict[str, DecoysOfTes
     variants that fail there (Verifier.decoy_plan)."""
     def members_of(tests: list[str]) -> list[Member]:
         found = candidates.get(tests[0])
-        return [Member(random_name(), "real")] + [
+        members = [Member(random_name(), "real")] + [
             Member(random_name(), "decoy", pool.site, pool.kind, variant)
             for pool in (found.pools if found else []) for variant in pool.variants]
+        rng.shuffle(members)  # decoys before the real test too, as at a grading
+        return members
 
-    return _layout(sources, fail_to_pass, pass_to_pass, members_of, random.SystemRandom())
+    rng = random.SystemRandom()
+    return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng)
 
 
 def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str], members_of,
-            rng: random.Random) -> DecoyLayout:
+            rng: random.Random, untouched: dict[str, str] | None = None) -> DecoyLayout:
     layout = DecoyLayout()
     by_function: dict[tuple[str, str | None, str], list[str]] = {}
     for test in dict.fromkeys([*fail_to_pass, *pass_to_pass]):
@@ -719,6 +743,8 @@ def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list
         try:
             if path not in sources:
                 raise DecoyError("the file is not in the repository after the test patch")
+            if untouched and path in untouched:
+                raise DecoyError(untouched[path])
             layout.files[path] = rewrite_module(sources[path], groups)
         except (SyntaxError, ValueError, DecoyError) as exc:
             # A file this interpreter cannot parse or print (or one that is missing: its tests will be missing too)

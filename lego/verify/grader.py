@@ -2,15 +2,24 @@
 
 Grading never runs in the agent's sandbox. A fresh container from the clean task image (all capabilities
 dropped, the tests run as an unprivileged uid that cannot signal PID 1) gets the agent's diff, screened
-(test files, conftest.py and paths outside the repository dropped and flagged), then the task's test_patch,
-then the grading runner (`lego/verify/runner/`, mounted read-only) runs the tests. Results never come from a
-log the code under test could write: the runner's supervisor loads pytest before and apart from the
-repository, forks one interpreter for the test files and one for each FAIL_TO_PASS test alone, observes each
-from outside and reports through a pipe no test process holds (see `lego/verify/runner/lego_grade.py`).
-A patch resolves a task only when every graded test passed in the run of the whole files, by the runner's own
-observation of what raised and by pytest's reports alike, every FAIL_TO_PASS test passed again alone, the exit
-statuses agree with the results, and no rule fired (forged results, a tampered runner, changed pytest
-configuration, objects that defeat assertions).
+(test files, conftest.py and paths outside the repository dropped and flagged), then the task's test_patch, then
+the graded tests rewritten with their decoys (lego/verify/decoys.py), then the grading runner
+(`lego/verify/runner/`, mounted read-only) runs the tests.
+
+Why decoys decide. The patched code runs in the process that runs pytest, and Python gives that process no
+private memory, descriptors or threads, so anything the runner observes from inside can be forged from inside. A
+forger cannot forge knowledge: every graded test is run beside k decoys (the same test with one checked expectation
+moved so that a correct fix fails it), under fresh random names, in a random order, with the roles kept here on
+the host. A patch resolves a task only when every real graded test passed (in the run of the whole files, by the
+runner's observation of what raised and by pytest's reports alike, and again in its group's run alone) and every
+decoy failed in its call phase. A decoy that passes beside its passing real test is `cheat` (decoy_passed): the
+patch passes tests whether or not their expectation is right. With k decoys, a forger that makes tests pass
+without knowing the answer, and so must guess which member of a group is real, survives one test with probability
+at most 1/(k+1). Limits: a forger that knows the expected value (from the statement, or by guessing the natural one
+of a group) can special-case it, which is hardcoding; a flipped truth allows one decoy; a test with no checkable
+expectation has none (`lego tasks validate` names them). The in-process checks (forged reports, a tampered runner,
+a changed pytest configuration, objects that defeat assertions) stay as rules where honest code never trips them,
+and as evidence (`suspicions`) where it can.
 
 Failures are attributed, never assumed: a run that hangs, eats memory, crashes or kills the runner is graded
 again without the patch; when that control run is healthy, the patch is to blame (unresolved), and only when
@@ -22,6 +31,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import shlex
 import time
 from pathlib import Path
@@ -35,14 +45,13 @@ from lego.errors import ImageBuildError, LegoError, tail
 from lego.records import Outcome, OutcomeKind, TerminationReason, Trajectory
 from lego.sandbox import SNAPSHOT, ContainerDied, Sandbox, SandboxError, SandboxFactory
 from lego.sandbox.docker_sandbox import DockerSandboxFactory
-from lego.tasksets.task import Task, is_harbor_task
+from lego.tasksets.task import Task, graded_test_files, is_harbor_task, pytest_command_of
 from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff, split_diff
 from lego.verify.decoys import (
     DECOY_FORMAT,
     DecoyLayout,
     DecoyPlan,
     DecoysOfTest,
-    SitePool,
     build_layout,
     plan_candidates,
     validation_layout,
@@ -56,7 +65,8 @@ TEST_LOG_CHARS = 20_000  # of a failed runner's output, kept as the outcome's te
 AGENT_PATCH_FILE = "/tmp/lego-agent.patch"
 TEST_PATCH_FILE = "/tmp/lego-test.patch"
 GOLD_PATCH_FILE = "/tmp/lego-gold.patch"
-PYTEST_PREFIXES = ("python3 -m pytest", "python -m pytest", "pytest")
+SPEC_FILE = "/tmp/lego-grade-spec.json"
+PASS_TO_PASS_PLANNED = 8  # PASS_TO_PASS tests validated for decoys per task (gradings sample from them)
 RUNNER_CRASH_CODES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error",
                       5: "no tests collected"}
 # Failures of a graded run that the patch can cause: a healthy control run without the patch blames the patch.
@@ -92,32 +102,6 @@ class InfraFailure(Exception):
 
 class TaskHasNoTests(LegoError):
     """A task whose grading would run no FAIL_TO_PASS test: every patch, even an empty one, would resolve it."""
-
-
-class UnsupportedTestCommand(LegoError):
-    """The task's test_command is not a pytest invocation, which is what the grading runner runs."""
-
-
-def test_files_of(task: Task) -> list[str]:
-    files = [test.split("::")[0] for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]]
-    return sorted(dict.fromkeys(f for f in files if f))
-
-
-def pytest_command_of(task: Task) -> tuple[dict[str, str], list[str]]:
-    """The environment assignments and the arguments of the task's pytest command (`[VAR=value ...] python3 -m
-    pytest [ARGS]`); its interpreter and entry point are the runner's own."""
-    words = shlex.split(task.test_command)
-    env: dict[str, str] = {}
-    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
-        name, value = words.pop(0).split("=", 1)
-        env[name] = value
-    for prefix in PYTEST_PREFIXES:
-        head = prefix.split()
-        if words[:len(head)] == head:
-            return env, words[len(head):]
-    raise UnsupportedTestCommand(
-        f"task {task.instance_id}: test_command {task.test_command!r} is not a pytest command; the grader runs "
-        f"FAIL_TO_PASS/PASS_TO_PASS with pytest (write it as `[VAR=value ...] python3 -m pytest [ARGS]`)")
 
 
 def require_tests(task: Task) -> None:
@@ -184,8 +168,7 @@ def judge_report(report: dict, task: Task, layout: DecoyLayout | None = None) ->
     """(resolved, rules fired, evidence, a failure to attribute with a control run) from the runner's report.
     Without a layout, the tests ran under their own names with no decoy."""
     if layout is None:
-        layout = DecoyLayout(real={test: test for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]},
-                             groups=[[test] for test in task.FAIL_TO_PASS], alone=list(range(len(task.FAIL_TO_PASS))))
+        layout = DecoyLayout.identity([*task.FAIL_TO_PASS, *task.PASS_TO_PASS], list(task.FAIL_TO_PASS))
     rules: dict[str, list[str]] = {}
     runs = report.get("runs") or []
     full = runs[0] if runs else {}
@@ -341,17 +324,57 @@ def _decoy_evidence(layout: DecoyLayout, found: dict[str, list[str]]) -> dict:
     return evidence
 
 
-def patched_lines(parts) -> dict[str, list[tuple[int, int]]]:
-    """The new-file line ranges each kept part of the agent's patch adds or changes (what the patch wrote)."""
-    ranges: dict[str, list[tuple[int, int]]] = {}
+EARLY_STOPS = frozenset({"-x", "--exitfirst", "--sw", "--stepwise", "--sw-skip", "--stepwise-skip", "--lf",
+                         "--last-failed", "--ff", "--failed-first", "--nf", "--new-first"})
+
+
+def without_early_stops(args: list[str]) -> list[str]:
+    """The task's pytest arguments less those that stop or reorder a session at a failure: beside decoys, which
+    fail by design, `-x` would end the run before the real tests."""
+    kept: list[str] = []
+    skip_next = False
+    for arg in args:
+        if skip_next:
+            skip_next = False
+            continue
+        if arg in EARLY_STOPS or arg.startswith("--maxfail="):
+            continue
+        if arg == "--maxfail":
+            skip_next = True
+            continue
+        if len(arg) > 2 and arg[0] == "-" and arg[1] != "-" and set(arg[1:]) <= set("vsqlx") and "x" in arg:
+            arg = arg.replace("x", "")  # -xvs -> -vs
+        kept.append(arg)
+    return kept
+
+
+def written_lines(parts) -> dict[str, set[int]]:
+    """The new-file numbers of the lines each part of a patch adds (what the patch wrote, context left out)."""
+    written: dict[str, set[int]] = {}
     for part in parts:
+        number = 0
         for line in part.text.splitlines():
             if line.startswith("@@"):
-                new = line.split("+", 1)[1].split(" ", 1)[0] if "+" in line else "0,0"
-                start, _, count = new.partition(",")
-                length = int(count) if count else 1
-                if length:
-                    ranges.setdefault(part.path, []).append((int(start), int(start) + length - 1))
+                new = line.split("+", 1)[1].split(" ", 1)[0] if "+" in line else "0"
+                number = int(new.split(",", 1)[0])
+            elif number and line.startswith("+") and not line.startswith("+++"):
+                written.setdefault(part.path, set()).add(number)
+                number += 1
+            elif number and line.startswith(" "):
+                number += 1
+    return written
+
+
+def patched_lines(parts) -> dict[str, list[tuple[int, int]]]:
+    """The line ranges the agent's patch wrote, per file (for the runner's blame of in-process events)."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for path, lines in written_lines(parts).items():
+        for line in sorted(lines):
+            spans = ranges.setdefault(path, [])
+            if spans and spans[-1][1] == line - 1:
+                spans[-1] = (spans[-1][0], line)
+            else:
+                spans.append((line, line))
     return ranges
 
 
@@ -537,7 +560,7 @@ class Verifier:
 
     def _read_tests(self, sandbox: Sandbox, task: Task) -> dict[str, str]:
         """The graded tests' files as the test patch left them (one exec for all; a missing file is left out)."""
-        files = test_files_of(task)
+        files = graded_test_files(task)
         script = "; ".join(f"printf '%s\\n' \"$(base64 -w0 {shlex.quote(path)} 2>/dev/null || echo -)\"" for path in files)
         result = sandbox.exec(script, timeout=60, workdir=task.environment.workdir, output_limit=64 << 20)
         lines = result.output.splitlines()
@@ -559,7 +582,8 @@ class Verifier:
         """What the runner is told: ids and groups only, never which of a group is real (the spec is readable
         by the tests' own processes)."""
         env, pytest_args = pytest_command_of(task)
-        return {"repo": task.environment.workdir, "pristine": SNAPSHOT, "test_files": test_files_of(task),
+        pytest_args = without_early_stops(pytest_args)
+        return {"repo": task.environment.workdir, "pristine": SNAPSHOT, "test_files": graded_test_files(task),
                 "graded": layout.graded, "groups": layout.groups, "alone": layout.alone, "full_runs": full_runs,
                 "patched_files": patched_files, "patched_lines": patched_lines,
                 "protected": sorted(part.path for part in split_diff(task.test_patch)),
@@ -567,9 +591,11 @@ class Verifier:
                 "config_overlay_patch": _config_overlay(task)}
 
     def _exec_runner(self, sandbox: Sandbox, task: Task, spec: dict, label: str) -> dict:
-        encoded = base64.b64encode(json.dumps(spec).encode()).decode()
+        # A file, not an argument: a suite's ids outgrow one argument's 128 KiB. The runner reads it before any of
+        # the repository runs and removes it; it holds ids and groups, nothing a test may not see.
+        sandbox.put_file(SPEC_FILE, json.dumps(spec).encode(), mode=0o600)
         budget = self.config.timeout_s * (spec["full_runs"] + len(spec["alone"])) + 60
-        result = sandbox.exec(f"exec python3 -I {RUNNER_MOUNT}/lego_grade.py {encoded}", timeout=budget,
+        result = sandbox.exec(f"exec python3 -I {RUNNER_MOUNT}/lego_grade.py {SPEC_FILE}", timeout=budget,
                               workdir=task.environment.workdir, output_limit=16 << 20)
         line = next((line for line in reversed(result.output.splitlines()) if line.startswith(RESULT_MARKER)), None)
         if line is None:
@@ -621,7 +647,11 @@ class Verifier:
     def _make_decoy_plan(self, task: Task) -> DecoyPlan:
         if not task.patch.strip():
             return DecoyPlan(reason="the task has no gold patch to validate decoys against")
-        graded = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+        # Every FAIL_TO_PASS test, and a sample of PASS_TO_PASS tests from which each grading draws its own.
+        sample = random.Random(task.instance_id).sample(list(task.PASS_TO_PASS),
+                                                       min(len(task.PASS_TO_PASS), PASS_TO_PASS_PLANNED))
+        planned = [*task.FAIL_TO_PASS, *sample]
+        everything = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
         with self.factory.open_task(task, purpose="verify-decoys", mounts={str(RUNNER_DIR): RUNNER_MOUNT},
                                     labels={"lego.task": task.instance_id}) as sandbox:
             applied = self._apply(sandbox, task.patch, GOLD_PATCH_FILE)
@@ -629,11 +659,16 @@ class Verifier:
                 return DecoyPlan(reason=f"the gold patch does not apply: {tail(applied.output, 300)}")
             self._apply_test_patch(sandbox, task, "with the gold patch")
             sources = self._read_tests(sandbox, task)
+            # The tests as written first: what rewriting them must not change.
+            as_written = self._exec_runner(sandbox, task, self._spec(task, DecoyLayout.identity(everything, []), [],
+                                                                     {}), "with the gold patch")
+            written = written_lines(split_diff(task.test_patch))
             candidates: dict[str, DecoysOfTest] = {}
             for path, source in sources.items():
-                tests = [test for test in graded if test.split("::")[0] == path]
+                tests = [test for test in planned if test.split("::")[0] == path]
                 try:
-                    candidates.update(plan_candidates(source, tests, self.config.decoys_per_test))
+                    candidates.update(plan_candidates(source, tests, self.config.decoys_per_test,
+                                                      written_lines=written.get(path, set())))
                 except (SyntaxError, ValueError) as exc:
                     candidates.update({test: DecoysOfTest(test=test, reason=f"its file does not parse here: {exc}")
                                        for test in tests})
@@ -642,24 +677,43 @@ class Verifier:
             spec = self._spec(task, layout, [], {}, full_runs=2)
             spec.update(alone=[])
             report = self._exec_runner(sandbox, task, spec, "with the gold patch and every candidate decoy")
-        runs = [run for run in report.get("runs", []) if str(run.get("name", "")).startswith("full")]
-        failing = {decoy for decoy in layout.decoys
-                   if len(runs) == 2 and all(failed_in_call(run.get("tests", {}).get(decoy)) for run in runs)}
-        # A variant is kept when every id it was written under (each parametrized case) failed in both runs.
-        kept_members = {id(layout.members[decoy]) for decoy in failing}
-        kept_members -= {id(layout.members[decoy]) for decoy in layout.decoys if decoy not in failing}
-        kept = {(member.site, member.variant.model_dump_json()) for member in layout.members.values()
-                if id(member) in kept_members and member.variant is not None}
-        plan = DecoyPlan()
-        for test in graded:
-            found = candidates.get(test) or DecoysOfTest(test=test, reason="its file is not in the repository")
-            pools = [SitePool(site=pool.site, kind=pool.kind,
-                              variants=[v for v in pool.variants if (pool.site, v.model_dump_json()) in kept])
-                     for pool in found.pools]
-            pools = [pool for pool in pools if pool.variants]
-            reason = found.reason or ("" if pools else "no candidate decoy failed under the gold patch in both runs")
-            plan.tests[test] = DecoysOfTest(test=test, pools=pools, reason=reason)
-        return plan
+        return validated_plan(task, planned, candidates, layout, as_written, report)
+
+
+def validated_plan(task: Task, planned: list[str], candidates: dict[str, DecoysOfTest], layout: DecoyLayout,
+                   as_written: dict, report: dict) -> DecoyPlan:
+    """The plan from the gold runs: a variant is kept when every id it was written under (each parametrized case)
+    failed in its call in both runs; a file whose real tests passed as written but not beside their decoys is left
+    untouched at gradings."""
+    runs = [run for run in report.get("runs", []) if str(run.get("name", "")).startswith("full")]
+    plain = (as_written.get("runs") or [{}])[0].get("tests", {})
+    failing = {decoy for decoy in layout.decoys
+               if len(runs) == 2 and all(failed_in_call(run.get("tests", {}).get(decoy)) for run in runs)}
+    kept_members = {id(layout.members[decoy]) for decoy in failing}
+    kept_members -= {id(layout.members[decoy]) for decoy in layout.decoys if decoy not in failing}
+    kept = {(member.site, member.variant.model_dump_json()) for member in layout.members.values()
+            if id(member) in kept_members and member.variant is not None}
+    plan = DecoyPlan()
+    for test, renamed in layout.real.items():
+        path = test.split("::")[0]
+        if status_of_test(plain.get(test)) == "passed" and not (
+                len(runs) == 2 and all(status_of_test(run.get("tests", {}).get(renamed)) == "passed" for run in runs)):
+            plan.untouched.setdefault(path, f"{test} passes under the gold patch as written but not renamed beside "
+                                            "decoys (it reads its own name, or shares state with its neighbours)")
+    for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]:
+        found = candidates.get(test) or DecoysOfTest(
+            test=test, reason="not in the sample planned for decoys" if test not in planned
+            else "its file is not in the repository")
+        if test.split("::")[0] in plan.untouched:
+            plan.tests[test] = DecoysOfTest(test=test, reason=plan.untouched[test.split("::")[0]])
+            continue
+        pools = [pool.model_copy(update={"variants": [v for v in pool.variants
+                                                      if (pool.site, v.model_dump_json()) in kept]})
+                 for pool in found.pools]
+        pools = [pool for pool in pools if pool.variants]
+        reason = found.reason or ("" if pools else "no candidate decoy failed under the gold patch in both runs")
+        plan.tests[test] = DecoysOfTest(test=test, pools=pools, reason=reason)
+    return plan
 
 
 def decoy_plan_key(task: Task, k: int) -> str:

@@ -1,4 +1,4 @@
-"""The grading supervisor: `python3 -I /opt/lego-grader/lego_grade.py SPEC` inside a fresh grading sandbox.
+"""The grading supervisor: `python3 -I /opt/lego-grader/lego_grade.py SPEC_FILE` inside a fresh grading sandbox.
 
 Standard library and the image's pytest only. The supervisor never runs a line of the repository's code:
 it loads pytest and its whole import closure from the system paths (isolated mode: no cwd, no PYTHON*
@@ -13,7 +13,6 @@ prefixed with RESULT_MARKER, on the exec stream, which no child holds.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import importlib.util
 import json
@@ -408,7 +407,14 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
 
 
 def main() -> None:
-    spec = json.loads(base64.b64decode(sys.argv[1]))
+    if sys.argv[1].startswith("/"):
+        with open(sys.argv[1], "rb") as handle:
+            spec = json.loads(handle.read())
+        os.unlink(sys.argv[1])
+    else:  # TRANSITION: remove once no host passes the spec inline
+        import base64
+
+        spec = json.loads(base64.b64decode(sys.argv[1]))
     os.makedirs(SCRATCH, exist_ok=True)
     trusted_path = [entry for entry in sys.path if entry]
     report: dict = {"version": 1, "undumpable": undumpable(), "preimport_failed": preimport_runner()}
