@@ -103,3 +103,33 @@ def verifier(docker_engine, base_image, lego_config, factory):
     from lego.verify import Verifier
 
     return Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify, factory=factory)
+
+
+# ---------------------------------------------------------------------------------------------- skips
+# The only skips a run may have, each with its reason. Any other skip fails the run (a Docker test that skips because
+# no engine answers, a harness that failed to install, a missing tool): a green run must mean the real parts ran.
+ALLOWED_SKIPS = {
+    "tests/test_engine.py::test_vllm_engine_generates_with_routing":
+        "no GPU: vLLM's routed-experts capture runs on a CUDA device (scripts/gpu_check.sh runs it where one is lent)",
+    "tests/test_eval.py::test_real_swebench_lite_exports_where_the_hub_and_registry_are_reachable":
+        "no hub: real SWE-bench needs the Hugging Face hub and an image registry; the guard itself is tested here",
+}
+_unexpected_skips: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail") and report.nodeid not in ALLOWED_SKIPS:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _unexpected_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _unexpected_skips and not os.environ.get("PYTEST_XDIST_WORKER"):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _unexpected_skips and not os.environ.get("PYTEST_XDIST_WORKER"):
+        terminalreporter.section("skips not on the allow-list (tests/conftest.py ALLOWED_SKIPS): the run fails")
+        for line in _unexpected_skips:
+            terminalreporter.line(line)

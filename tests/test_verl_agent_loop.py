@@ -10,10 +10,10 @@ import pytest
 import torch
 from fixtures_model import fp32_engine, tiny_model_path, tiny_tokenizer  # noqa: F401
 
+import lego.train.verl_agent_loop as verl_loop
 from lego.engine.base import SamplingParams
 from lego.records import LLMCall, Segment, Trajectory
 
-verl_loop = pytest.importorskip("lego.train.verl_agent_loop")
 PROMPT = [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198]
 TOOL = [151645, 198, 151644, 872, 198, 1986, 374, 151645, 198, 151644, 77091, 198]
 
