@@ -193,7 +193,7 @@ def test_real_swebench_lite_exports_where_the_hub_and_registry_are_reachable(tmp
 
     reason = unavailable_reason()
     if reason is not None:
-        with pytest.raises(SWEBenchUnavailable, match="README"):
+        with pytest.raises(SWEBenchUnavailable, match="docs/evaluation.md"):
             export_swebench("lite", tmp_path / "lite.jsonl", limit=2)
         # The suite sets HF_*_OFFLINE=1 (tests/conftest.py) unless they are set: where the hub is reachable, run
         # this test with HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0.

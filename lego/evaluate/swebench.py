@@ -58,7 +58,7 @@ def require_reachable() -> None:
     if reason is not None:
         raise SWEBenchUnavailable(
             f"real SWE-bench needs the Hugging Face hub and an image registry, and {reason}. Run `lego tasks "
-            "swebench` where both are reachable (README: Real SWE-bench); the task file it writes and the images "
+            "swebench` where both are reachable (docs/evaluation.md: Real SWE-bench); the task file it writes and the images "
             "it pulls can then be carried to an offline machine (docker save / docker load)")
 
 
