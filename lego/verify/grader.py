@@ -33,6 +33,7 @@ import json
 import os
 import random
 import shlex
+import threading
 import time
 from pathlib import Path
 
@@ -406,6 +407,8 @@ class Verifier:
         # Grading reaches sandboxes only through the protocol: another backend plugs in as `factory`.
         self.factory = factory or DockerSandboxFactory(client, sandbox_config, base_image=base_image)
         self._plans: dict[str, DecoyPlan] = {}
+        self._plan_locks: dict[str, threading.Lock] = {}
+        self._plans_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------ public
 
@@ -627,8 +630,14 @@ class Verifier:
         """The task's validated decoys: from memory, from this machine's cache (by the task's content), or made now
         by grading the gold patch once with every candidate decoy, twice over."""
         key = decoy_plan_key(task, self.config.decoys_per_test)
-        if key in self._plans:
+        with self._plans_lock:
+            lock = self._plan_locks.setdefault(key, threading.Lock())
+        with lock:  # gradings of one task in parallel threads make its plan once
+            if key not in self._plans:
+                self._plans[key] = self._load_or_make_plan(task, key)
             return self._plans[key]
+
+    def _load_or_make_plan(self, task: Task, key: str) -> DecoyPlan:
         path = cache_dir("decoys") / f"{key}.json"
         plan = None
         if path.is_file():
@@ -641,7 +650,6 @@ class Verifier:
             partial = path.with_suffix(f".{os.getpid()}.tmp")
             partial.write_text(plan.model_dump_json())
             partial.replace(path)
-        self._plans[key] = plan
         return plan
 
     def _make_decoy_plan(self, task: Task) -> DecoyPlan:
