@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, Benchmark] = {}
 # name -> module that registers it (imported lazily: benchmarks pull heavy dependencies)
 MODULES = {
     "sandbox": "lego.bench.sandbox",
+    "decoys": "lego.bench.decoys",
     "proxy": "lego.bench.proxy",
     "dataset": "lego.bench.dataset",
     "rollout": "lego.bench.rollout",

@@ -41,6 +41,7 @@ import math
 import random
 import secrets
 import string
+from collections import Counter
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
@@ -674,6 +675,63 @@ class DecoyLayout:
 
 
 
+@dataclass
+class _Context:
+    """What a forger can read beside a group: the rest of its module. A decoy value must look like the real one
+    there: mentioned elsewhere in the module or not, found inside the module's other text or not, of the same
+    length. Otherwise "the value the fixture mentions" or "the one no other test uses" would pick the real test."""
+
+    function: ast.FunctionDef | ast.AsyncFunctionDef
+    rest_text: str
+    rest_literals: Counter
+
+    @classmethod
+    def of(cls, source: str | None, ref: NodeId) -> _Context | None:
+        if source is None:
+            return None
+        try:
+            module = ast.parse(source)
+        except SyntaxError:
+            return None
+        function = find_function(module, ref.owner, ref.name)
+        if function is None:
+            return None
+        start = min([function.lineno, *(d.lineno for d in function.decorator_list)])
+        lines = source.splitlines()
+        rest_text = "\n".join(lines[:start - 1] + lines[function.end_lineno:])
+        inside = {id(node) for node in ast.walk(function)}
+        literals = Counter(ast.unparse(node) for node in ast.walk(module)
+                           if isinstance(node, ast.Constant | ast.Name) and id(node) not in inside)
+        return cls(function, rest_text, literals)
+
+    def profile(self, text: str, kind: str) -> tuple:
+        if kind == "exception":
+            return (self.rest_literals[text] > 0, len(text) // 5)
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return ()
+        content = value.decode("latin-1") if isinstance(value, bytes) else value if isinstance(value, str) \
+            else repr(value)
+        length = len(text) if len(text) <= 6 else len(text) // 4 + 100
+        return (self.rest_literals[text] > 0, bool(content) and content in self.rest_text, length)
+
+    def matching(self, pool: SitePool) -> SitePool:
+        """The pool's variants whose profile is the real value's; relaxed one feature at a time (length, then
+        whether the text occurs inside other literals) when none matches."""
+        if pool.kind not in ("value", "exception"):
+            return pool
+        nodes = list(ast.walk(self.function))
+        if pool.site >= len(nodes):
+            return pool
+        real = self.profile(ast.unparse(nodes[pool.site]), pool.kind)
+        for width in range(len(real), -1, -1):
+            kept = [v for v in pool.variants if self.profile(v.replacement, pool.kind)[:width] == real[:width]]
+            if kept:
+                return pool.model_copy(update={"variants": kept})
+        return pool
+
+
 def build_layout(sources: dict[str, str], plan: DecoyPlan, fail_to_pass: list[str], pass_to_pass: list[str], *,
                  k: int, pass_to_pass_sample: int, rng: random.Random | None = None) -> DecoyLayout:
     """Rename every graded test, add up to k decoys drawn from `plan` to every FAIL_TO_PASS test and to a random
@@ -683,10 +741,18 @@ def build_layout(sources: dict[str, str], plan: DecoyPlan, fail_to_pass: list[st
     sampled = [t for t in pass_to_pass if t in plan.tests and plan.tests[t].pools]
     with_decoys.update(rng.sample(sampled, min(pass_to_pass_sample, len(sampled))))
 
+    contexts: dict[tuple[str, str | None, str], _Context | None] = {}
+
     def members_of(tests: list[str]) -> list[Member]:
         members = [Member(random_name(), "real")]
         pools = plan.tests[tests[0]].pools if tests[0] in plan.tests else []
         if pools and any(test in with_decoys for test in tests):
+            ref = NodeId.parse(tests[0])
+            if ref.function not in contexts:
+                contexts[ref.function] = _Context.of(sources.get(ref.path), ref)
+            context = contexts[ref.function]
+            if context is not None:
+                pools = [context.matching(pool) for pool in pools]
             # A site that gives the most decoys, then its values; all decoys change that one site.
             written = [pool for pool in pools if pool.written] or pools
             sizes = [len(draw_variants(pool, k, random.Random(0))) for pool in written]

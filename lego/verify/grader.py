@@ -545,12 +545,16 @@ class Verifier:
     def write_graded_tests(self, sandbox: Sandbox, task: Task, plan: DecoyPlan, label: str = "") -> DecoyLayout:
         """Apply the test patch, then rewrite the graded tests' files: every graded test renamed at random, its
         decoys drawn from `plan` and written beside it in random order. Returns who is who (host side only)."""
-        self._apply_test_patch(sandbox, task, label)
-        sources = self._read_tests(sandbox, task)
+        sources = self.read_graded_sources(sandbox, task, label)
         layout = build_layout(sources, plan, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS),
                               k=self.config.decoys_per_test, pass_to_pass_sample=self.config.decoy_pass_to_pass_sample)
         self._write_tests(sandbox, task, layout)
         return layout
+
+    def read_graded_sources(self, sandbox: Sandbox, task: Task, label: str = "") -> dict[str, str]:
+        """Apply the test patch and read the graded tests' files as it left them."""
+        self._apply_test_patch(sandbox, task, label)
+        return self._read_tests(sandbox, task)
 
     def _apply_test_patch(self, sandbox: Sandbox, task: Task, label: str) -> None:
         if task.test_patch.strip():
