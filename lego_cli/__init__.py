@@ -691,8 +691,8 @@ def eval_command(
         run_eval,
         run_policy,
         scripted_policy,
-        track_evaluation,
     )
+    from lego.evaluate.tracking import track_evaluation
     from lego.pipeline.artifacts import StageContext
     from lego.pipeline.progress import RunProgress
     from lego.pipeline.runners import load_runner

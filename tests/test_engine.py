@@ -155,7 +155,7 @@ def test_scripted_engine_emits_the_script_with_real_logprobs(fp32_engine, tiny_t
 
 
 def test_make_engine_picks_by_kind(lego_config, tiny_model_path):
-    from lego.engine import make_engine
+    from lego.engine.factory import make_engine
     from lego.engine.scripted import ScriptedEngine
     from lego.engine.transformers_engine import TransformersEngine
 

@@ -72,6 +72,74 @@ def test_editing_an_imported_file_changes_the_key_and_an_unrelated_one_does_not(
     assert changed_by(tree, stage, inside)
 
 
+# What each stage runs, by package. A stage's key must change when code it runs changes, and only then.
+ALL_STAGES = frozenset(STAGE_MODULES)
+EVALUATES = frozenset({"evaluate", "baseline"})  # lego.evaluate.run: attempts at a policy, graded, summarized
+# The stages that run attempts: the harness in a sandbox, its model calls through the proxy to an engine
+# (lego.pipeline.attempts -> lego.rollout). The warm start runs gold attempts, the filter measures difficulty.
+RUNS_ATTEMPTS = frozenset({"rollout", "warmstart", "filter"}) | EVALUATES
+# The stages that grade attempts: lego.verify in a fresh sandbox (lego.pipeline.grading).
+GRADES = frozenset({"verify", "warmstart", "filter"}) | EVALUATES
+OPENS_THE_CATALOG = ALL_STAGES - {"taskset"}  # the taskset stage writes its task lists; every other reads records
+TRAINS = frozenset({"train", "warmstart"})  # the RL step and the warm start's SFT, both through the Trainer
+NONE: frozenset[str] = frozenset()
+
+# file edited -> the stages whose key that edit changes (every other stage's key stays), why in the comment.
+STAGES_RUNNING: dict[str, frozenset[str]] = {
+    # the proxy, harnesses and rollout loop run attempts and nothing else: grading a stored attempt, building the
+    # dataset or training from it runs none of them
+    "lego/proxy/session.py": RUNS_ATTEMPTS,
+    "lego/harness/openhands.py": RUNS_ATTEMPTS,  # named by string in the harness registry
+    "lego/harness/runners/openhands_runner.py": RUNS_ATTEMPTS,  # mounted into the sandbox (RUNTIME_FILES)
+    "lego/rollout/attempt.py": RUNS_ATTEMPTS,
+    "lego/rollout/requests.py": RUNS_ATTEMPTS,  # rollout ids: which attempts exist
+    # sampling engines serve the proxy; the trainer loads the checkpoint itself (lego.engine.checkpoint)
+    "lego/engine/vllm_engine.py": RUNS_ATTEMPTS,
+    "lego/engine/factory.py": RUNS_ATTEMPTS,
+    "lego/engine/checkpoint.py": RUNS_ATTEMPTS | {"train"},  # a policy's version is read from its checkpoint
+    # the sandbox runs attempts and grades them
+    "lego/sandbox/docker_sandbox.py": RUNS_ATTEMPTS | GRADES,
+    "lego/sandbox/image.py": RUNS_ATTEMPTS | GRADES,
+    # the verifier grades: an attempt's trajectory does not depend on it
+    "lego/verify/grader.py": GRADES,
+    "lego/verify/runner/lego_grade.py": GRADES,  # mounted into the grading sandbox (RUNTIME_FILES)
+    # records: every stage stores (the task lists included); every stage but taskset reads through the catalog
+    "lego/records.py": ALL_STAGES,
+    "lego/data/writer.py": ALL_STAGES,
+    "lego/data/catalog.py": OPENS_THE_CATALOG,
+    "lego/pipeline/stored.py": OPENS_THE_CATALOG,  # stored terminations and outcomes
+    "lego/data/batches.py": TRAINS,  # training samples from stored segments
+    "lego/data/export.py": NONE,  # `lego export`
+    "lego/pipeline/attempts.py": RUNS_ATTEMPTS,
+    "lego/pipeline/grading.py": GRADES,
+    "lego/pipeline/runners.py": EVALUATES,  # evaluation wraps the real runner for the empty policy
+    "lego/pipeline/diagnosis.py": NONE,  # `lego diagnose`
+    "lego/train/trainer.py": TRAINS,
+    "lego/train/sft.py": frozenset({"warmstart"}),
+    "lego/tasksets/task.py": ALL_STAGES,  # every stage reads or writes tasks
+    "lego/evaluate/report.py": EVALUATES,
+    "lego/evaluate/compare.py": NONE,  # `lego compare`
+    "lego/evaluate/tracking.py": NONE,  # `lego eval` in MLflow: no stage's result depends on it
+    "lego/track/traces.py": NONE,  # MLflow records what stages computed; no stage computes with it
+    "lego/ui/app.py": NONE,
+    "lego/bench/rollout.py": NONE,
+}
+
+
+def test_every_package_has_an_entry():
+    packages = {path.parent.relative_to(REPO_ROOT).as_posix() for path in (REPO_ROOT / "lego").glob("*/__init__.py")}
+    covered = {"/".join(path.split("/")[:2]) for path in STAGES_RUNNING}
+    assert packages <= covered, sorted(packages - covered)
+
+
+@pytest.mark.parametrize(("path", "stages"), STAGES_RUNNING.items(), ids=list(STAGES_RUNNING))
+def test_an_edit_changes_the_keys_of_the_stages_that_run_it_and_no_other(tree, path, stages):
+    before = {stage: stage_code_version(stage, tree) for stage in STAGE_MODULES}
+    touch(tree, path)
+    changed = {stage for stage in STAGE_MODULES if stage_code_version(stage, tree) != before[stage]}
+    assert changed == set(stages), f"{path}: changed {sorted(changed)}, expected {sorted(stages)}"
+
+
 def test_every_stage_keys_its_own_module(tree):
     for stage, module in STAGE_MODULES.items():
         assert changed_by(tree, stage, f"lego/pipeline/{module}.py")

@@ -25,7 +25,8 @@ STAGE_SCRIPT = textwrap.dedent("""
     import json, sys
     from lego.config import load_config
     from lego.pipeline.artifacts import StageContext
-    from lego.pipeline.attempts import run_attempts, stored_rollout_ids
+    from lego.pipeline.attempts import run_attempts
+    from lego.pipeline.stored import stored_rollout_ids
     from lego.pipeline.policy import Policy
     from lego.pipeline.runners import RealRunner
     from lego.tasksets.load import load_tasks

@@ -1,27 +1,28 @@
-"""Rollouts and grading as resumable steps over the Parquet dataset (shared by filter, rollout/verify, evaluate).
+"""Running attempts as a resumable step over the Parquet dataset (the rollout stage, and the filter, warm start and
+evaluation, which run their own attempts).
 
 Rollout ids are deterministic (lego.rollout.requests: data run id, task, sample), so a rerun after a crash runs
-only the requests whose trajectory is not stored yet, and grades only the rollouts without an outcome of this
-grading stage. Grading reads trajectory headers only (diff, termination, metadata), never their tokens.
+only the requests whose trajectory is not stored yet.
+
+The real rollout stack (lego.rollout: the harness in a sandbox, its model calls through the proxy) lives here, not
+beside the grader or the readers of stored records: a stage's cache key covers the modules it imports
+(lego.pipeline.keys), so the stages that run attempts key that stack and the stages that only grade or read the
+stored attempts do not (lego.pipeline.grading, lego.pipeline.stored).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Protocol
 
-import pyarrow.parquet as pq
-
-from lego.data import codec
-from lego.data.catalog import Catalog
-from lego.data.reader import iter_trajectory_headers
+from lego.config import LegoConfig
 from lego.data.writer import DatasetWriter
 from lego.errors import LegoError
-from lego.pipeline.artifacts import StageContext, StageResult
+from lego.pipeline.artifacts import StageContext
 from lego.pipeline.policy import Policy
-from lego.pipeline.runners import StageRunner
-from lego.pipeline.taskset_stage import read_tasks
-from lego.records import Outcome, Trajectory
+from lego.pipeline.stored import kind_counts, stored_rollout_ids, stored_terminations
+from lego.records import Trajectory
 from lego.rollout.requests import RolloutRequest, rollout_requests
 from lego.tasksets.task import Task
 
@@ -30,31 +31,44 @@ class IncompleteRolloutsError(LegoError):
     """The rollout runner returned without persisting every requested trajectory."""
 
 
-def read_terminations(files: Iterable[Path]) -> dict[str, str]:
-    """rollout id -> termination, from rollouts Parquet files (two columns read, never the tokens)."""
-    out: dict[str, str] = {}
-    for path in files:
-        table = pq.read_table(path, columns=["rollout_id", "termination"])
-        out.update(zip(table.column("rollout_id").to_pylist(),
-                       (str(value) for value in table.column("termination").to_pylist()), strict=True))
-    return out
+class RolloutRunner(Protocol):
+    """What runs attempts: the real stack (`harness_rollouts`) or a stand-in that a config injects."""
+
+    def rollout(self, ctx: StageContext, tasks: Sequence[Task], requests: Sequence[RolloutRequest], policy: Policy,
+                *, stage: str, iteration: int, writer: DatasetWriter, gold: bool = False) -> None:
+        """Run the requests and persist one trajectory per request with `writer` (stage, iteration). `gold`: the
+        policy does not sample; a scripted policy answers with each task's gold solution in the harness's own
+        tools (HarnessAdapter.gold_replies), scored by `policy` (the warm start's demonstrations)."""
 
 
-def stored_terminations(ctx: StageContext, data_run_id: str, stage: str, iteration: int) -> dict[str, str]:
-    with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
-        files = catalog.files("rollouts", data_run_id, stage, iteration)
-    return read_terminations(files)
+def harness_rollouts(ctx: StageContext, tasks: Sequence[Task], requests: Sequence[RolloutRequest], policy: Policy,
+                     *, stage: str, iteration: int, writer: DatasetWriter, gold: bool = False) -> None:
+    """The real rollouts: the harness in a Docker sandbox, its model calls through the proxy to the policy's
+    engine (lego.rollout.batch). See RolloutRunner.rollout."""
+    import asyncio
+
+    from lego.engine.factory import make_engine
+    from lego.rollout.batch import run_rollouts
+
+    engine = make_engine(ctx.config, policy.path)
+    try:
+        asyncio.run(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
+                                 iteration=iteration, engine_for=gold_engines(ctx.config, engine) if gold else None))
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
-def stored_rollout_ids(ctx: StageContext, data_run_id: str, stage: str, iteration: int) -> set[str]:
-    return set(stored_terminations(ctx, data_run_id, stage, iteration))
+def gold_engines(config: LegoConfig, scorer):
+    """A scripted engine per task that answers with the task's gold patch in the harness's own tools, its tokens
+    scored by `scorer` (the policy: real log-probs and routing)."""
+    from lego.engine.scripted import ScriptedEngine
+    from lego.engine.tokenizer import load_tokenizer
+    from lego.harness.base import apply_patch_command, get_harness
 
-
-def kind_counts(kinds: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for kind in kinds:
-        counts[kind] = counts.get(kind, 0) + 1
-    return counts
+    adapter, tokenizer = get_harness(config.harness.name), load_tokenizer()
+    return lambda task: ScriptedEngine(scorer, tokenizer, adapter.gold_replies(apply_patch_command(task.patch)))
 
 
 class ReportingWriter(DatasetWriter):
@@ -86,7 +100,7 @@ def execute_requests(ctx: StageContext, tasks: Sequence[Task], requests: Sequenc
     if not requests:
         return
     wanted = {request.task_id for request in requests}
-    runner: StageRunner = ctx.runner  # the real stack (lego.rollout) unless the config injects another
+    runner: RolloutRunner = ctx.runner  # the real stack (harness_rollouts) unless the config injects another
     writer = (DatasetWriter(ctx.work, data_run_id) if on_stored is None
               else ReportingWriter(ctx.work, data_run_id, on_stored))
     runner.rollout(ctx, [task for task in tasks if task.instance_id in wanted], list(requests), policy,
@@ -126,65 +140,3 @@ def check_complete(ctx: StageContext, requests: Sequence[RolloutRequest], data_r
         raise IncompleteRolloutsError(
             f"{len(missing)} of {len(requests)} rollouts of {data_run_id}/{stage}/iter={iteration} were not stored "
             f"(first: {missing[0].rollout_id}); rerun the stage: stored rollouts are kept and only these run")
-
-
-def stored_outcomes(ctx: StageContext, data_run_id: str, outcome_stage: str, iteration: int) -> dict[str, Outcome]:
-    with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
-        if not catalog.files("outcomes", data_run_id, outcome_stage, iteration):
-            return {}
-        rows = catalog.rows(
-            "SELECT * FROM outcomes WHERE run_id = ? AND stage = ? AND iteration = ? "
-            "QUALIFY row_number() OVER (PARTITION BY rollout_id ORDER BY written_at DESC) = 1",
-            [data_run_id, outcome_stage, iteration])
-    return {row["rollout_id"]: codec.outcome_from_row(row) for row in rows}
-
-
-def grade_attempts(ctx: StageContext, tasks: Sequence[Task], *, data_run_id: str, rollout_stage: str,
-                   outcome_stage: str, iteration: int, label: str | None = None) -> list[Outcome]:
-    """Grade every stored rollout of (data run, stage, iteration) that has no outcome of `outcome_stage` yet;
-    each outcome is persisted as soon as it is known. `label` names the grading in the run's progress (default
-    `outcome_stage/iteration`)."""
-    by_id = {task.instance_id: task for task in tasks}
-    graded = stored_outcomes(ctx, data_run_id, outcome_stage, iteration)
-    writer = DatasetWriter(ctx.work, data_run_id)
-    with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
-        todo = [t for t in iter_trajectory_headers(catalog, data_run_id, rollout_stage, iteration)
-                if t.rollout_id not in graded]
-    if todo:
-        ctx.log(f"{outcome_stage}: grading {len(todo)} rollouts")
-        progress = None
-        if ctx.progress is not None:
-            progress = ctx.progress.start(label or f"{outcome_stage}/{iteration}", len(graded) + len(todo),
-                                          done=len(graded), verb="graded",
-                                          counts=kind_counts(o.kind.value for o in graded.values()))
-        runner: StageRunner = ctx.runner
-        try:
-            with runner.grader(ctx) as grade:
-                for trajectory in todo:
-                    task = by_id.get(trajectory.task_id)
-                    if task is None:
-                        raise LegoError(f"rollout {trajectory.rollout_id} is for task {trajectory.task_id!r}, "
-                                        "which is not in this stage's task list")
-                    outcome = grade(task, trajectory)
-                    writer.append_outcomes([outcome], iteration, stage=outcome_stage)
-                    graded[outcome.rollout_id] = outcome
-                    if progress is not None:
-                        progress.advance(outcome.kind.value)
-        finally:
-            if progress is not None:
-                progress.finish()
-    return list(graded.values())
-
-
-def attempt_and_grade(ctx: StageContext, tasks_result: StageResult, split: str, policy: Policy, *, data_run_id: str,
-                      stage: str, samples: int, iteration: int) -> tuple[list[Task], list[Outcome]]:
-    """The loop of the stages that measure a policy on a split (filter, evaluate): the tasks of
-    `tasks_result.outputs[split]`, `samples` attempts each at `policy` (stored under `data_run_id` and `stage`),
-    every attempt graded (outcome stage `<stage>-verify`). Returns the tasks and the outcomes."""
-    tasks = read_tasks(tasks_result.outputs[split])
-    label = f"{stage}/{iteration} {split.removesuffix('_tasks')}"  # a stage measuring two splits shows both
-    run_attempts(ctx, tasks, policy, samples=samples, data_run_id=data_run_id, stage=stage, iteration=iteration,
-                 label=label)
-    outcomes = grade_attempts(ctx, tasks, data_run_id=data_run_id, rollout_stage=stage,
-                              outcome_stage=f"{stage}-verify", iteration=iteration, label=f"{label} grading")
-    return tasks, outcomes

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 from lego.data.catalog import Catalog
 from lego.data.writer import DatasetWriter
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
-from lego.pipeline.attempts import stored_outcomes
+from lego.pipeline.stored import stored_outcomes
 
 STAGE = "dataset"
 COLUMNS = ("rollout_id", "task_id", "sample_index", "policy_version", "kind", "reward", "is_cheat", "group_size",

@@ -236,7 +236,7 @@ def _recorded_at(manifest: RunManifest) -> float:
 def live_stages(work: WorkDir, manifest: RunManifest, catalog: Catalog) -> list[LiveStage]:
     """What the stage in progress stored so far: the rollouts of each data directory changed since the newest
     recorded stage, with their outcomes. A changed outcome directory (a grading in progress: `verify-<key>`,
-    `<stage>-verify`, lego/pipeline/attempts.py) stands for the rollouts it grades."""
+    `<stage>-verify`, lego/pipeline/grading.py) stands for the rollouts it grades."""
     seen: dict[tuple[str, str, int], float] = {}
     for directory in _data_dirs_since(work, _recorded_at(manifest)):
         stage = directory.stage

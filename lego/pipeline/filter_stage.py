@@ -10,17 +10,33 @@ from lego.data.catalog import Catalog
 from lego.data.queries import task_difficulty
 from lego.errors import LegoError
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
-from lego.pipeline.attempts import attempt_and_grade
+from lego.pipeline.attempts import run_attempts
+from lego.pipeline.grading import grade_attempts
 from lego.pipeline.policy import Policy
 from lego.pipeline.rollout_stage import rollout_settings
-from lego.pipeline.taskset_stage import write_tasks
+from lego.pipeline.taskset_stage import read_tasks, write_tasks
 from lego.pipeline.verify_stage import grading_settings
+from lego.records import Outcome
+from lego.tasksets.task import Task
 
 STAGE = "filter"
 
 
 class NothingKeptError(LegoError):
     """The difficulty filter kept no task."""
+
+
+def attempt_and_grade(ctx: StageContext, tasks_result: StageResult, split: str, policy: Policy, *, data_run_id: str,
+                      stage: str, samples: int, iteration: int) -> tuple[list[Task], list[Outcome]]:
+    """The tasks of `tasks_result.outputs[split]`, `samples` attempts each at `policy` (stored under `data_run_id`
+    and `stage`), every attempt graded (outcome stage `<stage>-verify`). Returns the tasks and the outcomes."""
+    tasks = read_tasks(tasks_result.outputs[split])
+    label = f"{stage}/{iteration} {split.removesuffix('_tasks')}"  # a stage measuring two splits shows both
+    run_attempts(ctx, tasks, policy, samples=samples, data_run_id=data_run_id, stage=stage, iteration=iteration,
+                 label=label)
+    outcomes = grade_attempts(ctx, tasks, data_run_id=data_run_id, rollout_stage=stage,
+                              outcome_stage=f"{stage}-verify", iteration=iteration, label=f"{label} grading")
+    return tasks, outcomes
 
 
 def run_filter_stage(ctx: StageContext, tasks_result: StageResult, policy: Policy) -> StageResult:

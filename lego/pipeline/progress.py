@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lego.pipeline.artifacts import StageProgress
-from lego.pipeline.attempts import kind_counts, read_terminations
+from lego.pipeline.stored import kind_counts, read_terminations
 
 if TYPE_CHECKING:
     from rich.console import Console

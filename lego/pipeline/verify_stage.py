@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
-from lego.pipeline.attempts import grade_attempts
+from lego.pipeline.grading import grade_attempts
 from lego.pipeline.taskset_stage import read_tasks
 from lego.records import Outcome, OutcomeKind
 

@@ -16,7 +16,8 @@ from lego.data.batches import iter_training_samples
 from lego.data.catalog import Catalog
 from lego.errors import LegoError
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
-from lego.pipeline.attempts import grade_attempts, run_attempts
+from lego.pipeline.attempts import run_attempts
+from lego.pipeline.grading import grade_attempts
 from lego.pipeline.policy import Policy
 from lego.pipeline.rollout_stage import rollout_settings
 from lego.pipeline.taskset_stage import read_tasks
