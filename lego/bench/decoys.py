@@ -35,11 +35,12 @@ def _functions(source: str) -> dict[str, ast.AST]:
 def _mentions_outside(source: str, group: set[str]) -> Counter:
     """How often each literal or name appears in the module outside the group's functions (what a forger can
     cross-read)."""
+    from lego.verify.decoys import mentions_outside
+
     module = ast.parse(source)
     inside = {id(node) for fn in ast.walk(module) if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
               and fn.name in group for node in ast.walk(fn)}
-    return Counter(ast.unparse(node) for node in ast.walk(module)
-                   if isinstance(node, ast.Constant | ast.Name) and id(node) not in inside)
+    return mentions_outside(module, inside)
 
 
 def _site_text(function: ast.AST, site: int) -> str:
@@ -87,13 +88,38 @@ def guesses(members: list[str], texts: dict[str, str], order: list[str], mention
     return picks
 
 
+def strategy_hits(layout, tests: list[str], rng: random.Random) -> list[tuple[str, int, dict[str, int]]]:
+    """For each of `tests` with decoys in this layout: (site kind, decoys, {strategy: 1 if it picked the real
+    member}), each strategy reading only what the sandbox holds (the rewritten module)."""
+    from lego.verify.decoys import NodeId
+
+    judged = []
+    for test in tests:
+        decoys = layout.decoys_of(test)
+        if not decoys or test not in layout.real:
+            continue
+        path = test.split("::")[0]
+        functions = _functions(layout.files[path])
+        member = layout.members[decoys[0]]
+        names = [NodeId.parse(layout.real[test]).name, *(NodeId.parse(d).name for d in decoys)]
+        texts = {name: _site_text(functions[name], member.site) for name in names}
+        order = [n for n in functions if n in names]
+        mentions = _mentions_outside(layout.files[path], set(names))
+        other_text = "\n".join(ast.unparse(fn) for name, fn in functions.items() if name not in names)
+        other_text += "\n".join(ast.unparse(node) for node in ast.parse(layout.files[path]).body
+                                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef))
+        picks = guesses(names, texts, order, mentions, other_text, rng, member.kind)
+        judged.append((member.kind, len(decoys), {name: int(pick == names[0]) for name, pick in picks.items()}))
+    return judged
+
+
 @register("decoys")
 def bench_decoys(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
     from lego.sandbox.daemon import docker_engine
     from lego.sandbox.image import ensure_base_image
     from lego.tasksets.load import load_tasks
     from lego.tasksets.task import is_harbor_task
-    from lego.verify.decoys import NodeId, build_layout
+    from lego.verify.decoys import build_layout
     from lego.verify.grader import RUNNER_DIR, RUNNER_MOUNT, Verifier
 
     started = time.perf_counter()
@@ -118,25 +144,11 @@ def bench_decoys(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
             for draw in range(DRAWS_PER_TASK):
                 layout = build_layout(sources, plan, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS), k=k,
                                       pass_to_pass_sample=0, rng=random.Random(rng.random() + draw))
-                for test in task.FAIL_TO_PASS:
-                    decoys = layout.decoys_of(test)
-                    if not decoys or test not in layout.real:
-                        continue
-                    path = test.split("::")[0]
-                    functions = _functions(layout.files[path])
-                    member = layout.members[decoys[0]]
-                    names = [NodeId.parse(layout.real[test]).name, *(NodeId.parse(d).name for d in decoys)]
-                    texts = {name: _site_text(functions[name], member.site) for name in names}
-                    order = [n for n in functions if n in names]
-                    mentions = _mentions_outside(layout.files[path], set(names))
-                    other_text = "\n".join(ast.unparse(fn) for name, fn in functions.items() if name not in names)
-                    other_text += "\n".join(ast.unparse(node) for node in ast.parse(layout.files[path]).body
-                                            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef))
-                    sizes.append(len(decoys))
-                    for strategy, pick in guesses(names, texts, order, mentions, other_text, rng, member.kind).items():
-                        hit = int(pick == names[0])
+                for kind, size, picks in strategy_hits(layout, list(task.FAIL_TO_PASS), rng):
+                    sizes.append(size)
+                    for strategy, hit in picks.items():
                         hits.setdefault(strategy, []).append(hit)
-                        by_kind.setdefault(member.kind, {}).setdefault(strategy, []).append(hit)
+                        by_kind.setdefault(kind, {}).setdefault(strategy, []).append(hit)
     rate = {name: round(statistics.fmean(values), 3) for name, values in sorted(hits.items())}
     return {
         "benchmark": "decoys",

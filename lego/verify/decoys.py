@@ -675,6 +675,19 @@ class DecoyLayout:
 
 
 
+def mentions_outside(module: ast.Module, inside: set[int]) -> Counter:
+    """How often each literal and name (imported names included) appears in the module outside the nodes `inside`."""
+    counts: Counter = Counter()
+    for node in ast.walk(module):
+        if id(node) in inside:
+            continue
+        if isinstance(node, ast.Constant | ast.Name):
+            counts[ast.unparse(node)] += 1
+        elif isinstance(node, ast.alias):
+            counts[node.asname or node.name.rsplit(".", 1)[-1]] += 1
+    return counts
+
+
 @dataclass
 class _Context:
     """What a forger can read beside a group: the rest of its module. A decoy value must look like the real one
@@ -699,10 +712,7 @@ class _Context:
         start = min([function.lineno, *(d.lineno for d in function.decorator_list)])
         lines = source.splitlines()
         rest_text = "\n".join(lines[:start - 1] + lines[function.end_lineno:])
-        inside = {id(node) for node in ast.walk(function)}
-        literals = Counter(ast.unparse(node) for node in ast.walk(module)
-                           if isinstance(node, ast.Constant | ast.Name) and id(node) not in inside)
-        return cls(function, rest_text, literals)
+        return cls(function, rest_text, mentions_outside(module, {id(node) for node in ast.walk(function)}))
 
     def profile(self, text: str, kind: str) -> tuple:
         if kind == "exception":
@@ -716,20 +726,20 @@ class _Context:
         length = len(text) if len(text) <= 6 else len(text) // 4 + 100
         return (self.rest_literals[text] > 0, bool(content) and content in self.rest_text, length)
 
-    def matching(self, pool: SitePool) -> SitePool:
-        """The pool's variants whose profile is the real value's; relaxed one feature at a time (length, then
-        whether the text occurs inside other literals) when none matches."""
+    def matching(self, pool: SitePool) -> tuple[SitePool, int]:
+        """The pool's variants whose profile is the real value's, and how many features of it they share: all of
+        them when any variant does, else relaxed one feature at a time (length first)."""
         if pool.kind not in ("value", "exception"):
-            return pool
+            return pool, 0
         nodes = list(ast.walk(self.function))
         if pool.site >= len(nodes):
-            return pool
+            return pool, 0
         real = self.profile(ast.unparse(nodes[pool.site]), pool.kind)
         for width in range(len(real), -1, -1):
             kept = [v for v in pool.variants if self.profile(v.replacement, pool.kind)[:width] == real[:width]]
             if kept:
-                return pool.model_copy(update={"variants": kept})
-        return pool
+                return pool.model_copy(update={"variants": kept}), width - len(real)
+        return pool, -len(real)
 
 
 def build_layout(sources: dict[str, str], plan: DecoyPlan, fail_to_pass: list[str], pass_to_pass: list[str], *,
@@ -751,12 +761,18 @@ def build_layout(sources: dict[str, str], plan: DecoyPlan, fail_to_pass: list[st
             if ref.function not in contexts:
                 contexts[ref.function] = _Context.of(sources.get(ref.path), ref)
             context = contexts[ref.function]
-            if context is not None:
-                pools = [context.matching(pool) for pool in pools]
-            # A site that gives the most decoys, then its values; all decoys change that one site.
-            written = [pool for pool in pools if pool.written] or pools
-            sizes = [len(draw_variants(pool, k, random.Random(0))) for pool in written]
-            pool = rng.choice([p for p, size in zip(written, sizes, strict=True) if size == max(sizes)])
+            # Each site ranked by: on a line the test patch wrote; its kind (a changed value hides best, then a
+            # swapped exception, then a flipped truth: lego bench decoys measures each); its decoys matching the
+            # real value on every feature a forger can read beside them; how many decoys it gives. All decoys
+            # change the one site.
+            ranked = []
+            for pool in pools:
+                matched, fit = context.matching(pool) if context is not None else (pool, 0)
+                strength = {"value": 2, "exception": 1}.get(pool.kind, 0)
+                size = len(draw_variants(matched, k, random.Random(0)))
+                ranked.append(((matched.written, strength, fit, size), matched))
+            best = max(rank for rank, _ in ranked)
+            pool = rng.choice([matched for rank, matched in ranked if rank == best])
             members += [Member(random_name(), "decoy", pool.site, pool.kind, variant)
                         for variant in draw_variants(pool, k, rng)]
         rng.shuffle(members)
