@@ -227,6 +227,16 @@ def _print_run_summary(cfg, work, summary: dict) -> None:
                   + (f" = {rate:.1%}" if rate is not None else "")
                   + f" [{metrics.get('resolved_low', 0):.1%}, {metrics.get('resolved_high', 1):.1%}]"
                   + f", infra errors {int(metrics.get('infra_errors', 0))}")
+    taskset = next((result for result in load_manifest(work, summary["run_id"]).stages.values()
+                    if result.stage == "taskset"), None)
+    if taskset is not None:  # a run that graded foreign Harbor tasks: the trust boundary left, in one line
+        from lego.pipeline.taskset_stage import read_tasks
+        from lego.verify.harbor_grader import harbor_trust_note
+
+        paths = [Path(taskset.outputs[name]) for name in ("train_tasks", "eval_tasks") if name in taskset.outputs]
+        note = harbor_trust_note([task for path in paths if path.is_file() for task in read_tasks(path)])
+        if note:
+            out.print(escape(note))
     tracker = Tracker(cfg, work)
     compared = compare_runs(tracker, work.root / "reports" / summary["run_id"], run_ids=[summary["run_id"]],
                             confidence=cfg.eval.confidence)
@@ -454,6 +464,9 @@ def tasks_validate(
             for test, why in task.decoys.get("without", {}).items():
                 if test in task.decoys.get("fail_to_pass", {}):
                     console.print(f"  no decoy for {escape(test)} ({escape(task.instance_id)}): {escape(why)}")
+    for task in report.tasks:  # Harbor tasks: the reward channel and the trust boundary that remains
+        if task.reward_channel:
+            console.print(f"  {escape(task.instance_id)}: {escape(task.reward_channel)}")
     console.print(f"report: {path}")
     if report.broken:
         console.print(f"[red]{len(report.broken)} broken task(s)[/]: " + ", ".join(t.instance_id for t in report.broken))

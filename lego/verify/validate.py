@@ -27,8 +27,8 @@ from lego.errors import ImageBuildError, LegoError, tail
 from lego.records import Outcome, OutcomeKind
 from lego.sandbox.task_image import ensure_task_image
 from lego.tasksets.task import Task, is_harbor_task
-from lego.verify.grader import Verifier
-from lego.verify.harbor_grader import HarborGrading
+from lego.verify.grader import InfraFailure, Verifier
+from lego.verify.harbor_grader import HarborGrading, trust_boundary
 
 PATCHES = ("gold", "empty")
 
@@ -42,6 +42,7 @@ class TaskValidation:
     evidence: dict[str, dict] = field(default_factory=dict)  # why, for each problem
     advice: list[str] = field(default_factory=list)  # what to change, in words (see `advise`)
     decoys: dict = field(default_factory=dict)  # decoy coverage (see `decoy_coverage`)
+    reward_channel: str = ""  # a Harbor task: the reward file read, sealed or not, and the trust boundary left
 
     @property
     def broken(self) -> bool:
@@ -228,6 +229,11 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
             setattr(result, patch, kinds)
         if task.instance_id in image_errors:
             continue
+        if is_harbor_task(task):  # drawn by the gradings above (cached): no run here
+            try:
+                result.reward_channel = trust_boundary(HarborGrading(verifier).profile(task))
+            except (InfraFailure, LegoError, DockerException) as exc:
+                result.reward_channel = f"unknown: {exc}"
         result.problems = classify(result.gold, result.empty)
         for problem in result.problems:
             patch = "empty" if problem == "empty_resolves" else "gold"
