@@ -776,7 +776,7 @@ def eval_command(
 
 @app.command()
 def bench(
-    name: Annotated[str, typer.Argument(help="Benchmark name: sandbox | proxy | dataset | rollout | r3 | train | learn")],
+    name: Annotated[str, typer.Argument(help="Benchmark name: sandbox | decoys | proxy | dataset | rollout | r3 | train | learn")],
     config: ConfigOption = "default",
     overrides: Overrides = None,
 ) -> None:
