@@ -23,7 +23,7 @@ from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 from lego.cache import content_hash
 from lego.errors import ImageBuildError, tail
 from lego.sandbox.image import commit_build_container, remove_build_container
-from lego.tasksets.task import Task, is_harbor_task
+from lego.tasksets.task import Task, has_harbor_environment
 
 HARBOR_ENV_REPOSITORY = "lego-harbor-env"
 LAYER_VERSION = "1"
@@ -49,7 +49,7 @@ def harbor_sandbox_task(client: docker.DockerClient, task: Task) -> Task:
     """`task` served from its Harbor environment with the working directory committed at base_commit (built once,
     cached by content); any other task unchanged."""
     env = task.environment
-    if not is_harbor_task(task) or env.kind != "dockerfile":
+    if not has_harbor_environment(task) or env.kind != "dockerfile":
         return task
     if not env.dockerfile_dir:
         raise ImageBuildError(f"Harbor task {task.instance_id}: environment.kind=dockerfile needs dockerfile_dir")

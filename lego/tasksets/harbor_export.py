@@ -20,7 +20,8 @@ hold, tampering is detected, and a hang or crash is attributed by a control run.
 graded with Harbor's trust in test.sh (see lego/verify/harbor_grader.py).
 
 `metadata.lego_test_patch` names tests/test.patch, so Lego loading the directory back screens the agent's diff
-against the hidden test files as it does for the original task.
+against the hidden test files as it does for the original task; and with `metadata.exported_by = "lego"` and
+tests/lego_spec.json, Lego grades it back by those tests with decoys (lego/verify/grader.py), not by test.sh.
 """
 
 from __future__ import annotations

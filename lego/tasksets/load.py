@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import socket
 import tomllib
 from collections.abc import Iterable, Iterator
@@ -190,7 +191,7 @@ def harbor_task_row(task_dir: Path) -> dict[str, Any] | RowError:
             return RowError(0, "metadata.lego_test_patch", f"{metadata['lego_test_patch']!r} is not a file in "
                             f"{task_dir / 'tests'}; put the test patch there or remove the key from task.toml")
         test_patch = named.read_text(encoding="utf-8")
-    return {
+    row = {
         "instance_id": str(metadata.get("id") or task_dir.name),
         "repo": str(metadata.get("repo") or f"harbor/{task_dir.resolve().parent.name}"),
         # Harbor environments have no commit; the environment's content hash identifies the state.
@@ -219,6 +220,27 @@ def harbor_task_row(task_dir: Path) -> dict[str, Any] | RowError:
             },
         },
     }
+    return _graded_by_its_tests(task_dir, metadata, row) if test_patch else row
+
+
+def _graded_by_its_tests(task_dir: Path, metadata: dict, row: dict[str, Any]) -> dict[str, Any] | RowError:
+    """A directory `lego tasks export --harbor` wrote carries its tests (tests/lego_spec.json) and its gold patch
+    (solution/gold.patch): loaded back, it is graded by those tests with decoys (lego/verify/grader.py) instead of by
+    test.sh, whose verdict the graded code could forge."""
+    spec_file, gold = task_dir / "tests" / "lego_spec.json", task_dir / "solution" / "gold.patch"
+    if metadata.get("exported_by") != "lego" or not spec_file.is_file():
+        return row
+    try:
+        spec = json.loads(spec_file.read_text(encoding="utf-8"))
+        assignments = [f"{name}={shlex.quote(str(value))}" for name, value in (spec.get("env") or {}).items()]
+        command = " ".join([*assignments, "python3 -m pytest", *map(shlex.quote, spec.get("pytest_args") or [])])
+        row.update(FAIL_TO_PASS=list(spec["fail_to_pass"]), PASS_TO_PASS=list(spec.get("pass_to_pass") or []),
+                   test_command=command, patch=gold.read_text(encoding="utf-8") if gold.is_file() else "")
+    except (ValueError, KeyError, TypeError) as exc:
+        return RowError(0, "tests/lego_spec.json", f"not the spec `lego tasks export --harbor` writes ({exc}); "
+                        "export the task again or remove metadata.exported_by from task.toml")
+    row["provenance"]["harbor"]["graded_by"] = "lego"
+    return row
 
 
 def _harbor_rows(root: Path) -> Iterator[tuple[int, Any]]:

@@ -118,7 +118,14 @@ def harbor_recipe(task: Task) -> dict[str, Any] | None:
 
 
 def is_harbor_task(task: Task) -> bool:
-    """Graded by running its tests/test.sh (Harbor's verifier) rather than by FAIL_TO_PASS/PASS_TO_PASS."""
+    """Graded by running its tests/test.sh (Harbor's verifier) rather than by FAIL_TO_PASS/PASS_TO_PASS. A task
+    Lego exported as a Harbor directory carries its tests too, and is graded by them (with decoys) when loaded back."""
+    recipe = harbor_recipe(task)
+    return recipe is not None and recipe.get("graded_by") != "lego"
+
+
+def has_harbor_environment(task: Task) -> bool:
+    """Its environment is a Harbor task directory's Dockerfile (a working dir that is no git repository)."""
     return harbor_recipe(task) is not None
 
 
