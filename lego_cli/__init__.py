@@ -231,7 +231,7 @@ def _print_run_summary(cfg, work, summary: dict) -> None:
                     if result.stage == "taskset"), None)
     if taskset is not None:  # a run that graded foreign Harbor tasks: the trust boundary left, in one line
         from lego.pipeline.taskset_stage import read_tasks
-        from lego.verify.harbor_grader import harbor_trust_note
+        from lego.verify.harbor_grading import harbor_trust_note
 
         paths = [Path(taskset.outputs[name]) for name in ("train_tasks", "eval_tasks") if name in taskset.outputs]
         note = harbor_trust_note([task for path in paths if path.is_file() for task in read_tasks(path)])

@@ -10,7 +10,7 @@ from repo_fixtures import GOLD_PATCH
 
 from lego.verify import Verifier
 from lego.verify.decoys import NodeId
-from lego.verify.grader import RUNNER_DIR, RUNNER_MOUNT, decoy_plan_key
+from lego.verify.pytest_grading import RUNNER_DIR, RUNNER_MOUNT, decoy_plan_key
 
 pytestmark = pytest.mark.docker
 
@@ -31,7 +31,7 @@ def test_the_plan_is_validated_under_gold_once_and_then_read_from_the_cache(dock
     monkeypatch.setenv("LEGO_CACHE_DIR", str(tmp_path))
     counting = CountingFactory(factory)
     first = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify, factory=counting)
-    plan = first.decoy_plan(calc_task)
+    plan = first.pytest_grading.decoy_plan(calc_task)
     assert counting.opened == ["verify-decoys"]
     assert plan.coverage(calc_task.FAIL_TO_PASS, 2) == {"tests/test_calc.py::test_add": 2}
     assert (tmp_path / "decoys" / f"{decoy_plan_key(calc_task, 2)}.json").is_file()
@@ -40,7 +40,7 @@ def test_the_plan_is_validated_under_gold_once_and_then_read_from_the_cache(dock
               for variant in pool.variants}
     assert "5" not in values and values
     again = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify, factory=counting)
-    assert again.decoy_plan(calc_task) == plan and counting.opened == ["verify-decoys"]
+    assert again.pytest_grading.decoy_plan(calc_task) == plan and counting.opened == ["verify-decoys"]
 
 
 def test_a_task_without_a_gold_patch_grades_without_decoys_and_says_why(verifier, calc_task):
@@ -59,9 +59,9 @@ def test_two_gradings_of_one_patch_draw_different_decoys(verifier, calc_task):
 
 
 def test_the_grading_sandbox_shows_groups_but_not_which_member_is_real(verifier, factory, calc_task):
-    plan = verifier.decoy_plan(calc_task)
+    plan = verifier.pytest_grading.decoy_plan(calc_task)
     with factory.open_task(calc_task, purpose="verify", mounts={str(RUNNER_DIR): RUNNER_MOUNT}) as sandbox:
-        layout = verifier.write_graded_tests(sandbox, calc_task, plan)
+        layout = verifier.pytest_grading.write_graded_tests(sandbox, calc_task, plan)
         source = sandbox.get_file("/repo/tests/test_calc.py").decode()
         leftovers = sandbox.exec("ls /tmp; git status --porcelain; git stash list", timeout=30).output
     # The test patch is gone, and with it the tests as they were written; the original names are gone too.
@@ -79,5 +79,5 @@ def test_the_grading_sandbox_shows_groups_but_not_which_member_is_real(verifier,
         assert len(constants) == len(real_constants)
         assert sum(a != b for a, b in zip(constants, real_constants, strict=True)) == 1
     # The order in the file is the layout's group order, which is shuffled; the spec holds no roles.
-    spec = verifier._spec(calc_task, layout, [], {})
+    spec = verifier.pytest_grading._spec(calc_task, layout, [], {})
     assert "role" not in str(spec) and set(spec["graded"]) == {*layout.real.values(), *layout.decoys}

@@ -6,7 +6,8 @@ import pytest
 
 from lego.tasksets.task import Task, UnsupportedTestCommand, pytest_command_of
 from lego.verify.decoys import DecoyLayout
-from lego.verify.grader import judge_report, status_of_test, without_early_stops, written_lines
+from lego.verify.judge import judge_report, status_of_test
+from lego.verify.pytest_grading import without_early_stops, written_lines
 
 TASK = Task(instance_id="t-1", repo="r", base_commit="abc", problem_statement="p",
             FAIL_TO_PASS=["tests/test_a.py::test_fix"], PASS_TO_PASS=["tests/test_a.py::test_old"])

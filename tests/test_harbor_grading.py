@@ -16,7 +16,6 @@ from lego.records import OutcomeKind
 from lego.tasksets.load import load_tasks
 from lego.tasksets.task import Task
 from lego.verify.grader import Verifier
-from lego.verify.harbor_grader import HarborGrading
 
 PASSING_TESTS = """cd /app
 if python3 -m pytest -q -p no:cacheprovider /tests/test_outputs.py; then
@@ -74,7 +73,7 @@ def harbor_task(tmp_path_factory, base_image) -> Task:
 
 @pytest.fixture(scope="module")
 def gold(harbor_verifier, harbor_task) -> str:
-    return HarborGrading(harbor_verifier).solution_diff(harbor_task)
+    return harbor_verifier.harbor_grading.solution_diff(harbor_task)
 
 
 def test_empty_patch_is_never_resolved_and_the_solution_is(harbor_verifier, harbor_task, gold):
@@ -195,7 +194,7 @@ def test_bundled_set_exported_to_harbor_gets_the_same_verdicts(harbor_verifier, 
                                      capture_output=True, text=True).stdout
         assert environment == ""
     by_id = {task.instance_id: task for task in exported}
-    grading = HarborGrading(harbor_verifier)
+    grading = harbor_verifier.harbor_grading
     for original in (bundled[0], bundled[4]):  # two repositories
         harbor = by_id[original.instance_id]
         assert harbor.test_patch == original.test_patch  # the screening knows the hidden test files

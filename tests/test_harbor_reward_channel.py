@@ -1,4 +1,4 @@
-"""The reward channel of Harbor grading against the graded code (lego/sandbox/harbor_seal.py, harbor_grader.py).
+"""The reward channel of Harbor grading against the graded code (lego/sandbox/harbor_seal.py, harbor_grading.py).
 
 Real parts: a Harbor task directory on the base image, the real Docker engine, Lego's loader and verifier. Each
 attack is the agent's patch: code under test that runs inside test.sh's check, as test.sh's user. Each one got
@@ -18,9 +18,9 @@ from lego.records import OutcomeKind
 from lego.sandbox.harbor_seal import SealRound, SessionFile, parse_manifest, resolve_sealed
 from lego.tasksets.load import load_tasks
 from lego.tasksets.task import Task
-from lego.verify import harbor_grader
+from lego.verify import harbor_grading
 from lego.verify.grader import Verifier
-from lego.verify.harbor_grader import HarborGrading, HarborRun, RewardFile, profile_from_run
+from lego.verify.harbor_grading import HarborRun, RewardFile, profile_from_run
 
 # A test.sh that goes on after its verdict (here a second; in the wild: copying logs, cleaning up), as test.sh
 # may: the window in which anything the tests left running could replace the verdict before test.sh exits.
@@ -77,7 +77,7 @@ def lingering(harbor_task, tmp_path_factory) -> Task:
 
 @pytest.fixture(scope="module")
 def gold(harbor_verifier, harbor_task) -> str:
-    return HarborGrading(harbor_verifier).solution_diff(harbor_task)
+    return harbor_verifier.harbor_grading.solution_diff(harbor_task)
 
 
 def _rounds(*entries: dict) -> list[SealRound]:
@@ -113,12 +113,12 @@ def test_a_profile_seals_only_what_test_sh_writes_itself():
                     rounds=_rounds({"name": "reward.txt", "round": 1, "breakers": [{"pid": 1, "cmd": "bash t.sh"}]}))
     profile = profile_from_run(own, ["reward.json", "reward.txt"])
     assert profile.files == ["reward.txt"] and profile.sealed and not profile.reason
-    assert "Lego reads only reward.txt, sealed" in harbor_grader.trust_boundary(profile)
+    assert "Lego reads only reward.txt, sealed" in harbor_grading.trust_boundary(profile)
     child = own.model_copy(update={"rounds": _rounds(
         {"name": "reward.txt", "round": 1, "breakers": [{"pid": 31, "ppid": 1, "cmd": "python3 -c grade"}]})})
     profile = profile_from_run(child, ["reward.txt"])
     assert not profile.sealed and "from a process it starts (python3 -c grade)" in profile.reason
-    assert "not sealed" in harbor_grader.trust_boundary(profile)
+    assert "not sealed" in harbor_grading.trust_boundary(profile)
     server = {"pid": 9, "ppid": 1, "cmd": "python3 -m http.server"}  # test.sh's own, killed by the seal
     at_last = own.model_copy(update={"rounds": _rounds(
         {"name": "reward.txt", "round": 1, "breakers": [{"pid": 1}], "alive": 0},
@@ -138,7 +138,7 @@ def test_a_profile_seals_only_what_test_sh_writes_itself():
 
 
 def test_an_honest_solution_resolves_through_the_seal(harbor_verifier, harbor_task, gold):
-    profile = HarborGrading(harbor_verifier).profile(harbor_task)
+    profile = harbor_verifier.harbor_grading.profile(harbor_task)
     assert profile.files == ["reward.txt"] and profile.sealed, profile
     assert profile.writers and {writer["pid"] for writer in profile.writers} == {1}  # test.sh itself
     solved = harbor_verifier.verify(harbor_task, diff=gold, actions=[])
@@ -162,7 +162,7 @@ def test_a_reward_file_test_sh_does_not_write_is_ignored(harbor_verifier, harbor
     assert outcome.evidence["reward_files_ignored"] == ["reward.json"]  # kept as evidence
     # Where tests/ names both files, the control run tells which one test.sh writes.
     both = _variant(harbor_task, tmp_path, "both-named", BOTH_NAMED_TESTS)
-    profile = HarborGrading(harbor_verifier).profile(both)
+    profile = harbor_verifier.harbor_grading.profile(both)
     assert profile.named == ["reward.json", "reward.txt"] and profile.files == ["reward.txt"] and profile.sealed
     outcome = harbor_verifier.verify(both, diff=REWARD_JSON, actions=[])
     assert outcome.kind == OutcomeKind.unresolved and outcome.evidence["reward_files_ignored"] == ["reward.json"]
@@ -191,7 +191,7 @@ def test_an_exit_hook_passing_test_sh_check_is_the_stated_boundary(harbor_verifi
 def test_a_test_sh_writing_through_a_child_is_read_unsealed_and_says_so(harbor_verifier, harbor_task, gold,
                                                                            tmp_path):
     task = _variant(harbor_task, tmp_path, "child-writer", CHILD_WRITER_TESTS)
-    profile = HarborGrading(harbor_verifier).profile(task)
+    profile = harbor_verifier.harbor_grading.profile(task)
     assert profile.files == ["reward.txt"] and not profile.sealed and "from a process it starts" in profile.reason
     solved = harbor_verifier.verify(task, diff=gold, actions=[])
     assert solved.kind == OutcomeKind.resolved, solved.evidence
@@ -206,11 +206,11 @@ def test_validate_and_the_run_summary_state_the_boundary(harbor_root, harbor_tas
 
     from lego_cli import app
 
-    HarborGrading(harbor_verifier).profile(harbor_task)
-    note = harbor_grader.harbor_trust_note([harbor_task])
+    harbor_verifier.harbor_grading.profile(harbor_task)
+    note = harbor_grading.harbor_trust_note([harbor_task])
     assert note.startswith("harbor: 1 task(s) graded by their own opaque tests/test.sh")
     assert "sealed after test.sh's write for 1, not sealed for 0" in note
-    assert harbor_grader.harbor_trust_note([]) is None
+    assert harbor_grading.harbor_trust_note([]) is None
     copy = tmp_path / "set"
     shutil.copytree(harbor_root, copy)
     result = CliRunner().invoke(app, ["tasks", "validate", "-c", "test", "--runs", "1", f"tasks.source={copy}",

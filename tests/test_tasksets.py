@@ -323,7 +323,7 @@ def test_harbor_directories_map_onto_tasks_graded_by_their_test_sh(tmp_path):
     good = _harbor_task(root, "fix-parser")
     _harbor_task(root, "no-dockerfile", dockerfile=False)
 
-    # The grading recipe travels with the task (lego/verify/harbor_grader.py runs it) ...
+    # The grading recipe travels with the task (lego/verify/harbor_grading.py runs it) ...
     row = harbor_task_row(good)
     assert row["instance_id"] == "fix-parser" and row["repo"] == "harbor/my-dataset" and row["difficulty"] == "hard"
     assert row["problem_statement"].startswith("Fix the failing parser")

@@ -120,7 +120,8 @@ def bench_decoys(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
     from lego.tasksets.load import load_tasks
     from lego.tasksets.task import is_harbor_task
     from lego.verify.decoys import build_layout
-    from lego.verify.grader import RUNNER_DIR, RUNNER_MOUNT, Verifier
+    from lego.verify.grader import Verifier
+    from lego.verify.pytest_grading import RUNNER_DIR, RUNNER_MOUNT
 
     started = time.perf_counter()
     k = config.verify.decoys_per_test
@@ -134,9 +135,9 @@ def bench_decoys(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
         base = ensure_base_image(engine.client, config.docker)
         verifier = Verifier(engine.client, base, config.sandbox, config.verify)
         for task in tasks:
-            plan = verifier.decoy_plan(task)
+            plan = verifier.pytest_grading.decoy_plan(task)
             with verifier.factory.open_task(task, purpose="bench", mounts={str(RUNNER_DIR): RUNNER_MOUNT}) as box:
-                sources = verifier.read_graded_sources(box, task)
+                sources = verifier.pytest_grading.read_graded_sources(box, task)
             for pools in (plan.tests[t].pools for t in task.FAIL_TO_PASS if t in plan.tests):
                 total_sites += len(pools)
                 written += sum(pool.written for pool in pools)

@@ -94,7 +94,7 @@ def bench_sandbox(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
         plan_times = []
         for task in tasks:
             started = time.perf_counter()
-            verifier.decoy_plan(task)
+            verifier.pytest_grading.decoy_plan(task)
             plan_times.append(time.perf_counter() - started)
         verify_times, per_task = [], {}
         for task in tasks:

@@ -9,7 +9,7 @@ for `importlib.import_module` do ("lego.harness.openhands:OpenHands"). Added to 
 - the SQL files they load by name (`load_sql("advantages")` -> sql/advantages.sql; a name that is not a string
   literal could be any of them, so every sql/*.sql file counts);
 - the files a module uses at run time without importing them, declared in a module-level `RUNTIME_FILES = (...)`
-  (e.g. lego/verify/grader.py mounts its `runner/` directory into the grading container): each entry is a path
+  (e.g. lego/verify/pytest_grading.py mounts its `runner/` directory into the grading container): each entry is a path
   relative to the module's directory, a module-level name, or a `Path(__file__)...` expression; a directory
   counts with every file under it. The declaration is read statically with `ast`, never imported.
 

@@ -8,7 +8,7 @@ verifier's rewards, and the exception that ended the trial, by class name. What 
   VerifierTimeoutError, RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, anything else),
   and a trial with no reward: `infra_error`, never a reward of 0;
 - otherwise the reward: >= 1 `resolved`, below `unresolved` (Harbor's reward 1 is a pass, as in
-  lego/verify/harbor_grader.py).
+  lego/verify/harbor_grading.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ seal makes such a write impossible, instead of hard to time:
   anything since. Everything that was alive before test.sh's write is dead, so its verdict can be replaced only
   by what test.sh itself runs after it. The reward is the last-written of the inodes, and it counts only if its
   round was clean; a round that could not end with test.sh alone (a kill that did not take, the kernel's lease
-  timeout, a keeper that died) leaves the run without a reward (lego.verify.harbor_grader: attributed by a
+  timeout, a keeper that died) leaves the run without a reward (lego.verify.harbor_grading: attributed by a
   control run).
 
 What it cannot seal, stated where it applies (`lego tasks validate`, the evidence, the run summary):

@@ -17,7 +17,7 @@ every FAIL_TO_PASS and PASS_TO_PASS test passes (setup, call and teardown; a ski
 test files with the task's pytest command, and every FAIL_TO_PASS test passes again alone; else 0. What Harbor
 cannot give, Lego's runner (lego/verify/runner/) adds: its results come from a channel the code under test does not
 hold, tampering is detected, and a hang or crash is attributed by a control run. In Harbor, an exported task is
-graded with Harbor's trust in test.sh (see lego/verify/harbor_grader.py).
+graded with Harbor's trust in test.sh (see lego/verify/harbor_grading.py).
 
 `metadata.lego_test_patch` names tests/test.patch, so Lego loading the directory back screens the agent's diff
 against the hidden test files as it does for the original task; and with `metadata.exported_by = "lego"` and

@@ -6,7 +6,7 @@ reported with its row number, the field and pydantic's reason, and the other row
 
 A row without a FAIL_TO_PASS test is malformed: nothing would grade it (zero tests count as a full pass, so an
 empty patch resolves it). Harbor task directories carry no FAIL_TO_PASS lists: they are graded by running their
-tests/test.sh and reading the reward it writes (lego/verify/harbor_grader.py), a recipe kept in provenance["harbor"].
+tests/test.sh and reading the reward it writes (lego/verify/harbor_grading.py), a recipe kept in provenance["harbor"].
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def harbor_task_row(task_dir: Path) -> dict[str, Any] | RowError:
 
     Harbor grades by running tests/test.sh, which writes a reward to /logs/verifier/reward.txt (or
     reward.json); there are no FAIL_TO_PASS lists, so the grading recipe travels in provenance["harbor"] and
-    lego/verify/harbor_grader.py runs it. A task exported by Lego (lego/tasksets/harbor_export.py) names its hidden
+    lego/verify/harbor_grading.py runs it. A task exported by Lego (lego/tasksets/harbor_export.py) names its hidden
     test patch in `metadata.lego_test_patch` (a file in tests/): it becomes the task's test_patch, so the
     grader's cheat screening knows the hidden test files as it does for SWE-bench-format tasks.
     """

@@ -84,7 +84,7 @@ class Task(BaseModel):
     def _needs_a_failing_test(self) -> Task:
         # Without a FAIL_TO_PASS test nothing grades a SWE-bench-format task: every patch would resolve it, and
         # training would reward doing nothing. A Harbor task is graded by its tests/test.sh instead
-        # (lego/verify/harbor_grader.py), so its grading recipe stands in for the lists.
+        # (lego/verify/harbor_grading.py), so its grading recipe stands in for the lists.
         if not [name for name in self.FAIL_TO_PASS if name.strip()] and not is_harbor_task(self):
             raise NoFailToPass(
                 f"task {self.instance_id!r} has no FAIL_TO_PASS test: {NO_FAIL_TO_PASS_WHY}. List the tests that "

@@ -27,8 +27,9 @@ from lego.errors import ImageBuildError, LegoError, tail
 from lego.records import Outcome, OutcomeKind
 from lego.sandbox.task_image import ensure_task_image
 from lego.tasksets.task import Task, is_harbor_task
-from lego.verify.grader import InfraFailure, Verifier
-from lego.verify.harbor_grader import HarborGrading, trust_boundary
+from lego.verify.grader import Verifier
+from lego.verify.grading import InfraFailure
+from lego.verify.harbor_grading import trust_boundary
 
 PATCHES = ("gold", "empty")
 
@@ -141,7 +142,7 @@ def _summary(outcome: Outcome) -> dict:
 
 def decoy_coverage(verifier: Verifier, task: Task) -> dict:
     """How many decoys each graded test can have at a grading, and the tests no decoy could be made for (why)."""
-    plan = verifier.decoy_plan(task)
+    plan = verifier.pytest_grading.decoy_plan(task)
     k = verifier.config.decoys_per_test
     fail_to_pass = plan.coverage(list(task.FAIL_TO_PASS), k)
     pass_to_pass = plan.coverage(list(task.PASS_TO_PASS), k)
@@ -169,7 +170,7 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
     tasks = list(tasks)
     started = time.monotonic()
     results = {task.instance_id: TaskValidation(task.instance_id) for task in tasks}
-    # A Harbor task is graded by its tests/test.sh (lego/verify/harbor_grader.py), not by FAIL_TO_PASS.
+    # A Harbor task is graded by its tests/test.sh (lego/verify/harbor_grading.py), not by FAIL_TO_PASS.
     untested = {task.instance_id for task in tasks if not [name for name in task.FAIL_TO_PASS if name.strip()]
                 and not is_harbor_task(task)}
     for instance_id in untested:
@@ -191,7 +192,7 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
     for task in tasks:
         if is_harbor_task(task) and not task.patch.strip() and task.instance_id not in image_errors:
             try:
-                golds[task.instance_id] = HarborGrading(verifier).solution_diff(task)
+                golds[task.instance_id] = verifier.harbor_grading.solution_diff(task)
             except (LegoError, DockerException) as exc:
                 image_errors[task.instance_id] = f"no gold patch from solution/solve.sh: {exc}"
 
@@ -231,7 +232,7 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
             continue
         if is_harbor_task(task):  # drawn by the gradings above (cached): no run here
             try:
-                result.reward_channel = trust_boundary(HarborGrading(verifier).profile(task))
+                result.reward_channel = trust_boundary(verifier.harbor_grading.profile(task))
             except (InfraFailure, LegoError, DockerException) as exc:
                 result.reward_channel = f"unknown: {exc}"
         result.problems = classify(result.gold, result.empty)

@@ -62,12 +62,14 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import docker
 from docker.errors import DockerException
 from pydantic import BaseModel, Field
 
 from lego.cache import cache_dir, content_hash
+from lego.config import VerifyConfig
 from lego.errors import LegoError, tail
 from lego.records import Outcome, OutcomeKind
 from lego.sandbox.docker_sandbox import KEEPER_USER, DockerSandbox, DockerSandboxFactory, LastCommand
@@ -85,10 +87,7 @@ from lego.sandbox.harbor_seal import (
 )
 from lego.tasksets.task import Task, harbor_recipe, is_harbor_task
 from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff
-from lego.verify.grader import InfraFailure
-
-if TYPE_CHECKING:
-    from lego.verify.grader import Verifier
+from lego.verify.grading import AGENT_PATCH_FILE, InfraFailure, apply_patch, graded_outcome
 
 TESTS_MOUNT = "/tests"
 LOGS_MOUNT = "/logs"
@@ -334,10 +333,12 @@ def _stage_dir(source: Path, into: Path) -> Path:
 
 
 class HarborGrading:
-    """Grades Harbor tasks for a Verifier (its sandbox factory, config, patch application and outcome rules)."""
+    """Grades Harbor tasks: their tests/test.sh in a fresh sandbox, the reward read through the sealed channel."""
 
-    def __init__(self, verifier: Verifier):
-        self.verifier = verifier
+    def __init__(self, client: docker.DockerClient, factory: DockerSandboxFactory, config: VerifyConfig):
+        self.client = client
+        self.factory = factory
+        self.config = config
 
     def check(self, task: Task) -> dict[str, Any]:
         recipe = harbor_recipe(task)
@@ -351,7 +352,7 @@ class HarborGrading:
 
     def timeout_s(self, task: Task) -> float:
         recipe = self.check(task)
-        return float(recipe.get("verifier_timeout_s") or self.verifier.config.timeout_s)
+        return float(recipe.get("verifier_timeout_s") or self.config.timeout_s)
 
     # ------------------------------------------------------------------------------------------ reward profile
 
@@ -371,7 +372,7 @@ class HarborGrading:
                 pass
             named = named_rewards(Path(recipe["tests_dir"]))
             try:
-                served = harbor_sandbox_task(self.verifier.client, task)
+                served = harbor_sandbox_task(self.client, task)
                 with self._open(served, "verify-profile") as (sandbox, holder):
                     run = self._run_tests(sandbox, holder, task, list(REWARD_NAMES), SealMode.observe)
             except (LegoError, DockerException, OSError) as exc:
@@ -393,17 +394,17 @@ class HarborGrading:
         evidence: dict[str, Any] = {"dropped_files": [part.path for part in screening.dropped],
                                     "network_attempts": network_attempts(actions), "grading": "harbor",
                                     "trust_boundary": trust_boundary(profile)}
-        served = harbor_sandbox_task(self.verifier.client, task)
+        served = harbor_sandbox_task(self.client, task)
         with self._open(served, "verify") as (sandbox, holder):
             base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
             evidence.update(action_probes(actions, task, base_files))
             for rule, items in scan_actions(actions, task, base_files).items():
                 rules.setdefault(rule, []).extend(items)
             if screening.kept:
-                applied = self.verifier._apply(sandbox, screening.patch, "/tmp/lego-agent.patch")
+                applied = apply_patch(sandbox, screening.patch, AGENT_PATCH_FILE)
                 if applied.exit_code != 0:
                     evidence.update(check="agent_patch_does_not_apply", apply_output=tail(applied.output))
-                    return self.verifier._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "",
+                    return graded_outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "",
                                                   None)
             run = self._run_tests(sandbox, holder, task, profile.files, profile.mode())
         evidence.update(self._run_evidence(run, profile))
@@ -417,12 +418,12 @@ class HarborGrading:
                 raise InfraFailure(failure.check, f"{failure} (and also without the agent's patch: {control})",
                                    failure.log, failure.exit_code) from failure
             evidence.update(check=f"{failure.check}_caused_by_patch", error=str(failure))
-            return self.verifier._outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, failure.log,
+            return graded_outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, failure.log,
                                           failure.exit_code)
         evidence.update(check="harbor_reward", reward=reward.value, rewards=reward.rewards,
                         reward_source=reward.source)
         kind = OutcomeKind.resolved if reward.value >= 1.0 else OutcomeKind.unresolved
-        return self.verifier._outcome(rollout_id, task, kind, rules, evidence, run.log, run.exit_code)
+        return graded_outcome(rollout_id, task, kind, rules, evidence, run.log, run.exit_code)
 
     def _reward(self, run: HarborRun) -> HarborReward:
         if run.timed_out:
@@ -433,7 +434,7 @@ class HarborGrading:
     def _control_run(self, task: Task, profile: RewardProfile) -> tuple[bool, str]:
         """test.sh without the agent's patch: does this task's grading yield a reward at all?"""
         try:
-            served = harbor_sandbox_task(self.verifier.client, task)
+            served = harbor_sandbox_task(self.client, task)
             with self._open(served, "verify-control") as (sandbox, holder):
                 run = self._run_tests(sandbox, holder, task, profile.files, profile.mode())
             self._reward(run)
@@ -466,8 +467,8 @@ class HarborGrading:
             staging.chmod(0o755)
             solution = _stage_dir(Path(recipe["solution"]).parent, staging)
             (solution / "solve.sh").chmod(0o755)
-            served = harbor_sandbox_task(self.verifier.client, task)
-            with self.verifier.factory.open_task(served, purpose="solution", mounts={str(solution): "/solution"},
+            served = harbor_sandbox_task(self.client, task)
+            with self.factory.open_task(served, purpose="solution", mounts={str(solution): "/solution"},
                                                  labels={"lego.task": task.instance_id}) as sandbox:
                 result = sandbox.exec("/solution/solve.sh 2>&1", timeout=timeout_s)
                 if result.exit_code != 0:
@@ -545,7 +546,7 @@ class _Opened:
 
     def __enter__(self) -> tuple[DockerSandbox, DockerSandbox]:
         recipe = self.grading.check(self.task)
-        factory = self.grading.verifier.factory
+        factory = self.grading.factory
         if not isinstance(factory, DockerSandboxFactory):
             raise HarborChannelUnsupported(
                 f"the sandbox backend {type(factory).__name__} cannot run test.sh as the init of its sandbox with "
@@ -588,7 +589,7 @@ class _Opened:
             for sandbox in reversed(self.opened):
                 sandbox.close()
             if self.volume is not None:
-                self.grading.verifier.factory.remove_volume(self.volume)
+                self.grading.factory.remove_volume(self.volume)
         finally:
             if self.staging is not None:
                 shutil.rmtree(self.staging, ignore_errors=True)

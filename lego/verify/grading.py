@@ -1,0 +1,83 @@
+"""The grading interface, and what its implementations share: infrastructure failures, patch application, and
+how rules turn an outcome into a cheat.
+
+Two gradings stand behind it as peers: lego/verify/pytest_grading.py (a SWE-bench-format task's FAIL_TO_PASS and
+PASS_TO_PASS, with decoys, by the runner in lego/verify/runner/) and lego/verify/harbor_grading.py (a Harbor task's
+tests/test.sh and the reward it writes). lego/verify/grader.py picks one per task and retries infra failures.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from docker.errors import DockerException
+
+from lego.errors import ImageBuildError
+from lego.records import Outcome, OutcomeKind
+from lego.sandbox import ContainerDied, Sandbox
+from lego.tasksets.task import Task
+
+AGENT_PATCH_FILE = "/tmp/lego-agent.patch"
+TEST_LOG_CHARS = 20_000  # of a failed runner's output, kept as the outcome's test log (evidence, not a message)
+# Failures of a graded run that the patch can cause: a healthy control run without the patch blames the patch.
+# A dead container is not among them: the test processes run as a uid that cannot signal the container's keeper,
+# so a container that dies is infra (retried).
+# A test patch that no longer applies is among them: the agent's patch may have moved what it patches.
+PATCH_ATTRIBUTABLE = {"verifier_timeout", "oom_killed", "runner_crash", "runner_killed", "test_patch_does_not_apply"}
+
+
+class Grading(Protocol):
+    """One way of grading a kind of task. `grade_once` raises InfraFailure (or a sandbox or Docker error) for what
+    is not the agent's doing; the Verifier retries those."""
+
+    def check(self, task: Task) -> object:
+        """Raise a LegoError when `task` cannot be graded this way at all (no tests, no test.sh)."""
+
+    def grade_once(self, task: Task, diff: str, actions: list[str], rollout_id: str) -> Outcome:
+        """One grading of the agent's diff in a fresh sandbox."""
+
+
+class InfraFailure(Exception):
+    """Grading could not be done for reasons that are not the agent's."""
+
+    def __init__(self, check: str, message: str, log: str = "", exit_code: int | None = None):
+        super().__init__(message)
+        self.check = check
+        self.log = log
+        self.exit_code = exit_code
+
+
+
+def infra_check(exc: BaseException) -> str:
+    """The evidence check naming an infrastructure failure."""
+    if isinstance(exc, ContainerDied):
+        return "container_died"
+    if isinstance(exc, ImageBuildError):
+        return "image_build"
+    if isinstance(exc, DockerException) or isinstance(exc.__cause__, DockerException):
+        return "docker_api_error"
+    return "sandbox"
+
+
+
+def graded_outcome(rollout_id: str, task: Task, kind: OutcomeKind, rules: dict, evidence: dict, log: str,
+             code: int | None) -> Outcome:
+    if rules:
+        evidence["tests_alone_would_give"] = kind.value
+        evidence["check"] = "cheat_rules"
+        kind = OutcomeKind.cheat
+    evidence["cheat_evidence"] = rules
+    return Outcome(rollout_id, task.instance_id, kind, cheat_rules=sorted(rules), evidence=evidence,
+                   test_log=log[-200_000:], exit_code=code)
+
+
+
+def apply_patch(sandbox: Sandbox, patch: str, path: str, fallback: bool = False):
+    """`git apply`, which is what the screening judged. Only the task's own test patch may fall back to GNU
+    patch (it parses headers differently, so an agent's patch through it could write what was screened out)."""
+    sandbox.put_file(path, patch.encode())
+    command = f"git apply --whitespace=nowarn {path} 2>&1"
+    if fallback:
+        command += f" || patch -p1 --forward --batch < {path}"
+    return sandbox.exec(command, timeout=120)
+
