@@ -72,6 +72,9 @@ RUNNER_MOUNT = "/opt/lego-grader"
 TEST_PATCH_FILE = "/tmp/lego-test.patch"
 GOLD_PATCH_FILE = "/tmp/lego-gold.patch"
 SPEC_FILE = "/tmp/lego-grade-spec.json"
+APPLY_LOG = "/tmp/lego-apply.log"
+APPLY_FAILED = "LEGO_TEST_PATCH_DOES_NOT_APPLY"
+INLINE_BYTES = 96_000  # base64 bytes written through one command (an argument holds at most 128 KiB)
 PASS_TO_PASS_PLANNED = 8  # PASS_TO_PASS tests validated for decoys per task (gradings sample from them)
 
 
@@ -217,51 +220,65 @@ class PytestGrading:
     def _run_runner(self, sandbox: Sandbox, task: Task, patched_files: list[str], label: str, plan: DecoyPlan,
                     patched_lines: dict[str, list[tuple[int, int]]] | None = None) -> tuple[dict, DecoyLayout]:
         """The test patch and the graded tests with their decoys, then the runner."""
-        layout = self.write_graded_tests(sandbox, task, plan, label)
+        layout = self.layout_graded_tests(sandbox, task, plan, label)
         spec = self._spec(task, layout, patched_files, patched_lines or {})
-        return self._exec_runner(sandbox, task, spec, label), layout
+        return self._exec_runner(sandbox, task, spec, label, layout), layout
+
+    def layout_graded_tests(self, sandbox: Sandbox, task: Task, plan: DecoyPlan, label: str = "") -> DecoyLayout:
+        """Apply the test patch and draw this grading's layout: every graded test renamed at random, its decoys
+        drawn from `plan`, in random order where it stood. Returns who is who (host side only); the runner's exec
+        writes the files."""
+        sources = self.read_graded_sources(sandbox, task, label)
+        return build_layout(sources, plan, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS),
+                            k=self.config.decoys_per_test, pass_to_pass_sample=self.config.decoy_pass_to_pass_sample)
 
     def write_graded_tests(self, sandbox: Sandbox, task: Task, plan: DecoyPlan, label: str = "") -> DecoyLayout:
-        """Apply the test patch, then rewrite the graded tests' files: every graded test renamed at random, its
-        decoys drawn from `plan` and written beside it in random order. Returns who is who (host side only)."""
-        sources = self.read_graded_sources(sandbox, task, label)
-        layout = build_layout(sources, plan, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS),
-                              k=self.config.decoys_per_test, pass_to_pass_sample=self.config.decoy_pass_to_pass_sample)
-        self._write_tests(sandbox, task, layout)
+        """`layout_graded_tests`, with the files written (what the runner would find)."""
+        layout = self.layout_graded_tests(sandbox, task, plan, label)
+        root = task.environment.workdir.rstrip("/")
+        self._write_files(sandbox, {f"{root}/{path}": text.encode("utf-8", errors="surrogateescape")
+                                    for path, text in layout.files.items()})
         return layout
 
     def read_graded_sources(self, sandbox: Sandbox, task: Task, label: str = "") -> dict[str, str]:
-        """Apply the test patch and read the graded tests' files as it left them."""
-        self._apply_test_patch(sandbox, task, label)
-        return self._read_tests(sandbox, task)
-
-    def _apply_test_patch(self, sandbox: Sandbox, task: Task, label: str) -> None:
-        if task.test_patch.strip():
-            applied = apply_patch(sandbox, task.test_patch, TEST_PATCH_FILE, fallback=True)
-            if applied.exit_code != 0:
-                raise InfraFailure("test_patch_does_not_apply",
-                                   f"the task's test_patch does not apply {label}: {tail(applied.output)}")
-        # Nothing left in the sandbox may show the tests as they were before their decoys were written.
-        sandbox.exec(f"rm -f {TEST_PATCH_FILE} {AGENT_PATCH_FILE} {GOLD_PATCH_FILE}", timeout=30, workdir="/")
-
-    def _read_tests(self, sandbox: Sandbox, task: Task) -> dict[str, str]:
-        """The graded tests' files as the test patch left them (one exec for all; a missing file is left out)."""
+        """Apply the test patch, delete every patch file (nothing left may show the tests as they were before their
+        decoys are written), and read the graded tests' files as the patch left them: one exec for all of it (a
+        missing file is left out)."""
         files = graded_test_files(task)
-        script = "; ".join(f"printf '%s\\n' \"$(base64 -w0 {shlex.quote(path)} 2>/dev/null || echo -)\"" for path in files)
-        result = sandbox.exec(script, timeout=60, workdir=task.environment.workdir, output_limit=64 << 20)
+        reads = "; ".join(f"printf '%s\\n' \"$(base64 -w0 {shlex.quote(path)} 2>/dev/null || echo -)\"" for path in files)
+        cleanup = f"rm -f {TEST_PATCH_FILE} {AGENT_PATCH_FILE} {GOLD_PATCH_FILE} {APPLY_LOG}"
+        script = f"{cleanup}; {reads}"
+        if task.test_patch.strip():
+            encoded = base64.b64encode(task.test_patch.encode()).decode()
+            if len(encoded) > INLINE_BYTES:
+                sandbox.put_file(TEST_PATCH_FILE, task.test_patch.encode())
+                write = "true"
+            else:
+                write = f"printf %s {encoded} | base64 -d > {TEST_PATCH_FILE}"
+            script = (f"{write} && {{ git apply --whitespace=nowarn {TEST_PATCH_FILE} || patch -p1 --forward --batch "
+                      f"< {TEST_PATCH_FILE}; }} > {APPLY_LOG} 2>&1 || {{ echo {APPLY_FAILED}; cat {APPLY_LOG}; "
+                      f"{cleanup}; exit 0; }}; {script}")
+        result = sandbox.exec(script, timeout=120, workdir=task.environment.workdir, output_limit=64 << 20)
+        if APPLY_FAILED in result.output:
+            raise InfraFailure("test_patch_does_not_apply", f"the task's test_patch does not apply {label}: "
+                               f"{tail(result.output.split(APPLY_FAILED, 1)[1])}")
         lines = result.output.splitlines()
         if result.exit_code != 0 or len(lines) != len(files):
             raise InfraFailure("sandbox", f"reading the graded test files failed: {tail(result.output)}")
-        sources = {}
-        for path, line in zip(files, lines, strict=True):
-            if line != "-":
-                sources[path] = base64.b64decode(line).decode("utf-8", errors="surrogateescape")
-        return sources
+        return {path: base64.b64decode(line).decode("utf-8", errors="surrogateescape")
+                for path, line in zip(files, lines, strict=True) if line != "-"}
 
-    def _write_tests(self, sandbox: Sandbox, task: Task, layout: DecoyLayout) -> None:
-        root = task.environment.workdir.rstrip("/")
-        for path, text in layout.files.items():
-            sandbox.put_file(f"{root}/{path}", text.encode("utf-8", errors="surrogateescape"))
+    def _write_files(self, sandbox: Sandbox, files: dict[str, bytes]) -> None:
+        """One exec for all the files when they fit in one command, one upload each otherwise."""
+        encoded = {path: base64.b64encode(data).decode() for path, data in files.items()}
+        if sum(map(len, encoded.values())) > INLINE_BYTES:
+            for path, data in files.items():
+                sandbox.put_file(path, data)
+            return
+        script = " && ".join(f"printf %s {text} | base64 -d > {shlex.quote(path)}" for path, text in encoded.items())
+        result = sandbox.exec(script or "true", timeout=60, workdir="/")
+        if result.exit_code != 0:
+            raise SandboxError(f"writing the graded test files failed: {tail(result.output)}")
 
     def _spec(self, task: Task, layout: DecoyLayout, patched_files: list[str],
               patched_lines: dict[str, list[tuple[int, int]]], full_runs: int = 1) -> dict:
@@ -276,10 +293,13 @@ class PytestGrading:
                 "pytest_args": pytest_args, "env": env, "timeout_s": self.config.timeout_s,
                 "config_overlay_patch": _config_overlay(task)}
 
-    def _exec_runner(self, sandbox: Sandbox, task: Task, spec: dict, label: str) -> dict:
-        # A file, not an argument: a suite's ids outgrow one argument's 128 KiB. The runner reads it before any of
-        # the repository runs and removes it; it holds ids and groups, nothing a test may not see.
-        sandbox.put_file(SPEC_FILE, json.dumps(spec).encode(), mode=0o600)
+    def _exec_runner(self, sandbox: Sandbox, task: Task, spec: dict, label: str, layout: DecoyLayout) -> dict:
+        """The rewritten test files and the runner's spec written, then the runner. The spec is a file, not an
+        argument (a suite's ids outgrow one argument's 128 KiB); the runner reads it before any of the repository
+        runs and removes it. It holds ids and groups, nothing a test may not see."""
+        root = task.environment.workdir.rstrip("/")
+        files = {f"{root}/{path}": text.encode("utf-8", errors="surrogateescape") for path, text in layout.files.items()}
+        self._write_files(sandbox, {**files, SPEC_FILE: json.dumps(spec).encode()})
         budget = self.config.timeout_s * (spec["full_runs"] + len(spec["alone"])) + 60
         result = sandbox.exec(f"exec python3 -I {RUNNER_MOUNT}/lego_grade.py {SPEC_FILE}", timeout=budget,
                               workdir=task.environment.workdir, output_limit=16 << 20)
@@ -346,11 +366,11 @@ class PytestGrading:
             applied = apply_patch(sandbox, task.patch, GOLD_PATCH_FILE)
             if applied.exit_code != 0:
                 return DecoyPlan(reason=f"the gold patch does not apply: {tail(applied.output, 300)}")
-            self._apply_test_patch(sandbox, task, "with the gold patch")
-            sources = self._read_tests(sandbox, task)
+            sources = self.read_graded_sources(sandbox, task, "with the gold patch")
             # The tests as written first: what rewriting them must not change.
-            as_written = self._exec_runner(sandbox, task, self._spec(task, DecoyLayout.identity(everything, []), [],
-                                                                     {}), "with the gold patch")
+            as_written_layout = DecoyLayout.identity(everything, [])
+            as_written = self._exec_runner(sandbox, task, self._spec(task, as_written_layout, [], {}),
+                                           "with the gold patch", as_written_layout)
             written = written_lines(split_diff(task.test_patch))
             candidates: dict[str, DecoysOfTest] = {}
             for path, source in sources.items():
@@ -362,12 +382,10 @@ class PytestGrading:
                     candidates.update({test: DecoysOfTest(test=test, reason=f"its file does not parse here: {exc}")
                                        for test in tests})
             layout = validation_layout(sources, candidates, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS))
-            self._write_tests(sandbox, task, layout)
             spec = self._spec(task, layout, [], {}, full_runs=2)
             spec.update(alone=[])
-            report = self._exec_runner(sandbox, task, spec, "with the gold patch and every candidate decoy")
+            report = self._exec_runner(sandbox, task, spec, "with the gold patch and every candidate decoy", layout)
         return validated_plan(task, planned, candidates, layout, as_written, report)
-
 
 
 def validated_plan(task: Task, planned: list[str], candidates: dict[str, DecoysOfTest], layout: DecoyLayout,
