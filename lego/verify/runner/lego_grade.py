@@ -407,14 +407,9 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
 
 
 def main() -> None:
-    if sys.argv[1].startswith("/"):
-        with open(sys.argv[1], "rb") as handle:
-            spec = json.loads(handle.read())
-        os.unlink(sys.argv[1])
-    else:  # TRANSITION: remove once no host passes the spec inline
-        import base64
-
-        spec = json.loads(base64.b64decode(sys.argv[1]))
+    with open(sys.argv[1], "rb") as handle:
+        spec = json.loads(handle.read())
+    os.unlink(sys.argv[1])
     os.makedirs(SCRATCH, exist_ok=True)
     trusted_path = [entry for entry in sys.path if entry]
     report: dict = {"version": 1, "undumpable": undumpable(), "preimport_failed": preimport_runner()}
