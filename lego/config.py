@@ -155,7 +155,7 @@ class VerifyConfig(Section):
     # Decoys per graded test (lego/verify/decoys.py): a blind forger survives a test with probability 1/(k+1).
     decoys_per_test: int = Field(2, ge=1, le=8)
     # PASS_TO_PASS tests that also get decoys at a grading, drawn anew each time (every FAIL_TO_PASS test has them).
-    decoy_pass_to_pass_sample: int = Field(4, ge=0)
+    decoy_pass_to_pass_sample: int = Field(2, ge=0)
 
 
 class DataConfig(Section):
