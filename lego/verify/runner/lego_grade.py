@@ -457,7 +457,8 @@ def main() -> None:
 
     finder = guard.install_import_guard(trusted_path, repo, pristine)
     tamper = guard.Tamper(set(sources) | {os.path.join(repo, p) for p in spec.get("patched_files", [])},
-                          lambda kind, detail: None, trusted_path, repo)
+                          lambda kind, detail: None, trusted_path, repo,
+                          patched_lines=spec.get("patched_lines") or None, pristine_root=pristine)
     ctx = {"guard": guard, "plugin_module": plugin_module, "tamper": tamper, "finder": finder, "sources": sources,
            "operand_ignored": operand_ignored}
     base_args = ["-p", "no:cacheprovider", "-rA", *sum((["-p", m] for m in report["plugins"]), []),
