@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import subprocess
+import textwrap
 from pathlib import Path
 
 from lego.tasksets.task import Environment, Task
@@ -74,3 +76,21 @@ def make_calc_task(root: Path) -> Task:
         FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=["tests/test_calc.py::test_mul"],
         environment=Environment(kind="bundle", bundle=str(bundle)),
     )
+
+
+def new_file(path: str, text: str) -> str:
+    """A diff that adds `path` with `text`."""
+    body = "".join(f"+{line}\n" for line in text.splitlines())
+    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+            f"@@ -0,0 +1,{len(text.splitlines())} @@\n{body}")
+
+
+def calc_patch(source: str, extra: dict[str, str] | None = None) -> str:
+    """A diff that rewrites the calc task's calc.py to `source` and adds `extra` files (path -> text)."""
+    new = textwrap.dedent(source).lstrip()
+    lines = difflib.unified_diff(CALC_BUGGY.splitlines(keepends=True), new.splitlines(keepends=True),
+                                 "a/calc.py", "b/calc.py")
+    diff = "diff --git a/calc.py b/calc.py\n" + "".join(lines) if new != CALC_BUGGY else ""
+    for path, text in (extra or {}).items():
+        diff += new_file(path, textwrap.dedent(text).lstrip())
+    return diff

@@ -23,11 +23,10 @@ runtest swapped for each test, a trace function flipping assertion results, Asse
 
 from __future__ import annotations
 
-import difflib
 import textwrap
 
 import pytest
-from repo_fixtures import CALC_BUGGY, GOLD_PATCH
+from repo_fixtures import GOLD_PATCH, calc_patch, new_file
 
 from lego.records import OutcomeKind
 
@@ -42,21 +41,8 @@ def code(*parts: str) -> str:
     return "\n\n\n".join(textwrap.dedent(part).strip("\n") for part in parts) + "\n"
 
 
-def new_file(path: str, text: str) -> str:
-    lines = text.splitlines()
-    body = "".join(f"+{line}\n" for line in lines)
-    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
-            f"@@ -0,0 +1,{len(lines)} @@\n{body}")
 
 
-def calc_patch(source: str, extra: dict[str, str] | None = None) -> str:
-    """A diff that rewrites calc.py to `source` and adds the `extra` files (path -> text)."""
-    lines = difflib.unified_diff(CALC_BUGGY.splitlines(keepends=True), source.splitlines(keepends=True),
-                                 "a/calc.py", "b/calc.py")
-    diff = "diff --git a/calc.py b/calc.py\n" + "".join(lines)
-    for path, text in (extra or {}).items():
-        diff += new_file(path, textwrap.dedent(text).lstrip())
-    return diff
 
 
 # The bug stays: every attack leaves `add` subtracting.

@@ -9,24 +9,14 @@ no rule fired: false positives are wrong rewards too.
 
 from __future__ import annotations
 
-import difflib
 import textwrap
 
 import pytest
-from repo_fixtures import CALC_BUGGY, GOLD_PATCH
+from repo_fixtures import GOLD_PATCH, calc_patch, new_file
 
 pytestmark = pytest.mark.docker
 
 
-def calc_patch(source: str, extra: dict[str, str] | None = None) -> str:
-    """A diff that rewrites calc.py to `source` and adds `extra` files (path -> text)."""
-    new = textwrap.dedent(source).lstrip()
-    lines = difflib.unified_diff(CALC_BUGGY.splitlines(keepends=True), new.splitlines(keepends=True),
-                                 "a/calc.py", "b/calc.py")
-    diff = "diff --git a/calc.py b/calc.py\n" + "".join(lines) if new != CALC_BUGGY else ""
-    for path, text in (extra or {}).items():
-        diff += new_file(path, textwrap.dedent(text).lstrip())
-    return diff
 
 
 def code(*parts: str) -> str:
@@ -34,10 +24,6 @@ def code(*parts: str) -> str:
     return "\n\n".join(textwrap.dedent(part).strip("\n") for part in parts) + "\n"
 
 
-def new_file(path: str, text: str) -> str:
-    body = "".join(f"+{line}\n" for line in text.splitlines())
-    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
-            f"@@ -0,0 +1,{len(text.splitlines())} @@\n{body}")
 
 
 BUGGY = """

@@ -12,10 +12,11 @@ from typing import Protocol
 
 from docker.errors import DockerException
 
-from lego.errors import ImageBuildError
+from lego.errors import ImageBuildError, tail
 from lego.records import Outcome, OutcomeKind
 from lego.sandbox import ContainerDied, Sandbox
 from lego.tasksets.task import Task
+from lego.verify.cheat import action_probes, scan_actions
 
 AGENT_PATCH_FILE = "/tmp/lego-agent.patch"
 TEST_LOG_CHARS = 20_000  # of a failed runner's output, kept as the outcome's test log (evidence, not a message)
@@ -81,3 +82,21 @@ def apply_patch(sandbox: Sandbox, patch: str, path: str, fallback: bool = False)
         command += f" || patch -p1 --forward --batch < {path}"
     return sandbox.exec(command, timeout=120)
 
+
+
+def apply_agent_patch(sandbox: Sandbox, task: Task, screening, actions: list[str], rules: dict, evidence: dict,
+                      rollout_id: str) -> Outcome | None:
+    """What every grading does first in its sandbox: the agent's probes judged against the files there, then its
+    screened patch applied by git. An outcome (unresolved) when that patch does not apply, else None."""
+    base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
+    # What the agent probed is kept for observability; it is a cheat only where the sandbox could have revealed
+    # something, which its construction rules out (lego/verify/reveal.py checks that it holds).
+    evidence.update(action_probes(actions, task, base_files))
+    for rule, items in scan_actions(actions, task, base_files).items():
+        rules.setdefault(rule, []).extend(items)
+    if screening.kept:
+        applied = apply_patch(sandbox, screening.patch, AGENT_PATCH_FILE)
+        if applied.exit_code != 0:
+            evidence.update(check="agent_patch_does_not_apply", apply_output=tail(applied.output))
+            return graded_outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
+    return None

@@ -86,8 +86,8 @@ from lego.sandbox.harbor_seal import (
     resolve_sealed,
 )
 from lego.tasksets.task import Task, harbor_recipe, is_harbor_task
-from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff
-from lego.verify.grading import AGENT_PATCH_FILE, InfraFailure, apply_patch, graded_outcome
+from lego.verify.cheat import network_attempts, screen_diff
+from lego.verify.grading import InfraFailure, apply_agent_patch, graded_outcome
 
 TESTS_MOUNT = "/tests"
 LOGS_MOUNT = "/logs"
@@ -396,16 +396,9 @@ class HarborGrading:
                                     "trust_boundary": trust_boundary(profile)}
         served = harbor_sandbox_task(self.client, task)
         with self._open(served, "verify") as (sandbox, holder):
-            base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
-            evidence.update(action_probes(actions, task, base_files))
-            for rule, items in scan_actions(actions, task, base_files).items():
-                rules.setdefault(rule, []).extend(items)
-            if screening.kept:
-                applied = apply_patch(sandbox, screening.patch, AGENT_PATCH_FILE)
-                if applied.exit_code != 0:
-                    evidence.update(check="agent_patch_does_not_apply", apply_output=tail(applied.output))
-                    return graded_outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "",
-                                                  None)
+            refused = apply_agent_patch(sandbox, task, screening, actions, rules, evidence, rollout_id)
+            if refused is not None:
+                return refused
             run = self._run_tests(sandbox, holder, task, profile.files, profile.mode())
         evidence.update(self._run_evidence(run, profile))
         try:

@@ -45,7 +45,7 @@ from lego.errors import LegoError, tail
 from lego.records import Outcome, OutcomeKind
 from lego.sandbox import SNAPSHOT, Sandbox, SandboxError, SandboxFactory
 from lego.tasksets.task import Task, graded_test_files, pytest_command_of
-from lego.verify.cheat import action_probes, network_attempts, scan_actions, screen_diff, split_diff
+from lego.verify.cheat import network_attempts, screen_diff, split_diff
 from lego.verify.decoys import (
     DECOY_FORMAT,
     DecoyLayout,
@@ -60,6 +60,7 @@ from lego.verify.grading import (
     PATCH_ATTRIBUTABLE,
     TEST_LOG_CHARS,
     InfraFailure,
+    apply_agent_patch,
     apply_patch,
     graded_outcome,
 )
@@ -178,17 +179,9 @@ class PytestGrading:
         report, blamed, layout = None, None, None
         with self.factory.open_task(task, purpose="verify", mounts={str(RUNNER_DIR): RUNNER_MOUNT},
                                     labels={"lego.task": task.instance_id}) as sandbox:
-            base_files = set(sandbox.exec("git ls-files", timeout=60).output.split())
-            # What the agent probed is kept for observability; it is a cheat only where the sandbox could have
-            # revealed something, which its construction rules out (lego/verify/reveal.py checks that it holds).
-            evidence.update(action_probes(actions, task, base_files))
-            for rule, items in scan_actions(actions, task, base_files).items():
-                rules.setdefault(rule, []).extend(items)
-            if screening.kept:
-                applied = apply_patch(sandbox, screening.patch, AGENT_PATCH_FILE)
-                if applied.exit_code != 0:
-                    evidence.update(check="agent_patch_does_not_apply", apply_output=tail(applied.output))
-                    return graded_outcome(rollout_id, task, OutcomeKind.unresolved, rules, evidence, "", None)
+            refused = apply_agent_patch(sandbox, task, screening, actions, rules, evidence, rollout_id)
+            if refused is not None:
+                return refused
             try:
                 report, layout = self._run_runner(sandbox, task, [part.path for part in screening.kept],
                                                   "with the agent's patch", plan, patched_lines(screening.kept))
