@@ -360,10 +360,12 @@ class PytestGrading:
             if applied.exit_code != 0:
                 return DecoyPlan(reason=f"the gold patch does not apply: {tail(applied.output, 300)}")
             sources = self.read_graded_sources(sandbox, task, "with the gold patch")
-            # The tests as written first: what rewriting them must not change.
+            # The planned tests as written first: what rewriting them must not change. Only they run, here and
+            # beside their candidates below: a plan does not pay for whole suites.
             as_written_layout = DecoyLayout.identity(everything, [])
-            as_written = self._exec_runner(sandbox, task, self._spec(task, as_written_layout, [], {}),
-                                           "with the gold patch", as_written_layout)
+            spec = self._spec(task, as_written_layout, [], {})
+            spec.update(select=planned)
+            as_written = self._exec_runner(sandbox, task, spec, "with the gold patch", as_written_layout)
             written = written_lines(split_diff(task.test_patch))
             candidates: dict[str, DecoysOfTest] = {}
             for path, source in sources.items():
@@ -376,7 +378,9 @@ class PytestGrading:
                                        for test in tests})
             layout = validation_layout(sources, candidates, list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS))
             spec = self._spec(task, layout, [], {}, full_runs=2)
-            spec.update(alone=[])
+            chosen = {layout.real[test] for test in planned if test in layout.real}
+            chosen |= {decoy for decoy, original in layout.decoys.items() if original in planned}
+            spec.update(alone=[], select=[test for group in layout.groups for test in group if test in chosen])
             report = self._exec_runner(sandbox, task, spec, "with the gold patch and every candidate decoy", layout)
         return validated_plan(task, planned, candidates, layout, as_written, report)
 

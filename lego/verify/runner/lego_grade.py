@@ -467,8 +467,10 @@ def main() -> None:
     ctx["protected_state"] = file_state(ctx["protected"])
     tamper.install()
     runs = []
+    # The test files, or only the tests named in `select` (a decoy plan runs the planned tests, not whole suites).
+    selected = list(spec.get("select") or test_args)
     for index in range(spec.get("full_runs", 1)):
-        runs.append(run_child("full" if index == 0 else f"full-{index + 1}", [*base_args, *test_args],
+        runs.append(run_child("full" if index == 0 else f"full-{index + 1}", [*base_args, *selected],
                               spec["timeout_s"], spec, ctx))
     # Each group alone can only confirm a resolution: when a group has no passing test in the full run, its real
     # test failed and the patch resolves nothing, so no group is run alone (one interpreter per group).
