@@ -73,3 +73,20 @@ def test_sigkill_mid_write_leaves_only_complete_files(tmp_path):
         assert len(trajectories) == rollouts
         assert all(t.segments[0].routed_experts.shape == (40_000, 48, 8) for t in trajectories)
     assert sorted(remove_stale_temp_files(work.data, older_than_s=0)) == sorted(leftovers)
+
+
+def test_a_pipeline_run_removes_what_a_killed_writer_left_an_hour_ago_and_nothing_newer(tmp_path, lego_config):
+    from lego.data.writer import TEMP_SUFFIX
+    from lego.pipeline.pipeline_run import PipelineRun
+
+    work = WorkDir.create(tmp_path / "work")
+    iteration = work.data / "rollouts" / "run=old" / "iter=0"
+    iteration.mkdir(parents=True)
+    old, fresh = iteration / f".part-0.parquet{TEMP_SUFFIX}", iteration / f".part-1.parquet{TEMP_SUFFIX}"
+    for path in (old, fresh):
+        path.write_bytes(b"half a file")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    lines: list[str] = []
+    PipelineRun(lego_config, work, log=lines.append, track=False)
+    assert not old.exists() and fresh.exists()  # a writer still going is left alone
+    assert any("removed 1 temp file" in line for line in lines)

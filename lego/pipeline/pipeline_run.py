@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lego.config import LegoConfig, flatten
+from lego.data.writer import remove_stale_temp_files
 from lego.errors import LegoError
 from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.manifest import RunManifest, load_manifest, new_run_id, save_manifest
@@ -41,6 +42,10 @@ class PipelineRun:
         self.work = work
         self.log = log
         self.lock = threading.Lock()
+        # A writer killed mid-file leaves a hidden temp file: readers never see it, but it takes space.
+        stale = remove_stale_temp_files(work.data)
+        if stale:
+            log(f"removed {len(stale)} temp file(s) a killed writer left under {work.data}")
         if resume and run_id:
             self.manifest = load_manifest(work, run_id)
             self.manifest.status = "running"
