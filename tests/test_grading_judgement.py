@@ -229,3 +229,14 @@ def test_the_lines_a_patch_wrote_are_its_added_lines_in_the_new_file():
     patch = ("diff --git a/t.py b/t.py\n--- a/t.py\n+++ b/t.py\n@@ -1,4 +1,5 @@\n a = 1\n-b = 2\n+b = 3\n+c = 4\n"
              " d = 5\n e = 6\n@@ -10,2 +11,3 @@\n x\n+y\n z\n")
     assert written_lines(split_diff(patch)) == {"t.py": {2, 3, 12}}
+
+
+def test_a_parametrized_test_without_decoys_alone_must_end_clean_like_a_single_test():
+    cases = [f"tests/test_a.py::test_fix[{n}]" for n in (1, 2)]
+    task = TASK.model_copy(update={"FAIL_TO_PASS": cases})
+    layout = DecoyLayout.identity([*cases, "tests/test_a.py::test_old"], cases)
+    layout.groups, layout.alone = [cases, ["tests/test_a.py::test_old"]], [0]
+    full = run(tests={**{case: PASSED for case in cases}, "tests/test_a.py::test_old": PASSED})
+    resolved, _, evidence, _ = judge_report(report(full, run("alone-0", {case: PASSED for case in cases},
+                                                             group=cases)), task, layout)
+    assert resolved and evidence["alone"] == dict.fromkeys(cases, "passed"), evidence

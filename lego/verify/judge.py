@@ -104,8 +104,9 @@ def judge_report(report: dict, task: Task, layout: DecoyLayout | None = None) ->
         for graded in group:
             if graded in renamed:
                 status = status_of_test(run_tests.get(graded))
-                # Alone with no decoy the run must end clean; beside decoys (which fail) pytest returns 1.
-                clean = run.get("end_rc") == 0 if len(group) == 1 else run.get("end_rc") == 1
+                # Alone with no decoy (one test, or a parametrized one's cases) the run must end clean; beside
+                # decoys (which fail) pytest returns 1.
+                clean = run.get("end_rc") == (1 if any(member in layout.decoys for member in group) else 0)
                 if status == "passed" and not (clean and run.get("exit_code") == run.get("end_rc")):
                     status = "failed"
                 alone[renamed[graded]] = status
