@@ -66,7 +66,7 @@ def literal(text: str):
     """The value of a literal's source (ast.literal_eval of a string parses it: one thread at a time too)."""
     return ast.literal_eval(parse_python(text, mode="eval").body)
 
-DECOY_FORMAT = 5  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+DECOY_FORMAT = 6  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
 MAX_SITES_PER_TEST = 2
 MAX_VARIANTS_PER_SITE = 10  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12
@@ -916,15 +916,44 @@ def _same_class(char: str) -> str:
     return string.ascii_lowercase
 
 
-def text_candidates(value: str | bytes, k: int, rng: random.Random, positions: int = 2) -> list[Variant]:
+def _tokens(inputs: str) -> list[str]:
+    return [token for token in re.split(r"[^0-9A-Za-z]+", inputs) if token]
+
+
+def _shared(text: str, position: int, inputs: str, tokens: list[str]) -> bool:
+    """Whether the character at `position` is part of a likeness between `text` and `inputs` (a two-character
+    window they share, a one-character word, the first or last character of a word): changing it would make the
+    decoy look less like the test's other text than the real value does, which a forger can read."""
+    char = text[position]
+    before, after = text[max(0, position - 1):position], text[position + 1:position + 2]
+    return bool(before and before + char in inputs or after and char + after in inputs or char in tokens
+                or position == 0 and any(token.startswith(char) for token in tokens)
+                or position == len(text) - 1 and any(token.endswith(char) for token in tokens))
+
+
+def _fresh(text: str, position: int, inputs: str) -> list[str]:
+    """The characters of the same class that may replace the one at `position` without making a window the inputs
+    have (a likeness the real value lacks)."""
+    char = text[position]
+    before, after = text[max(0, position - 1):position], text[position + 1:position + 2]
+    return [c for c in _same_class(char) if c.lower() != char.lower()
+            and not (before and before + c in inputs) and not (after and c + after in inputs)]
+
+
+def text_candidates(value: str | bytes, k: int, rng: random.Random, positions: int = 2,
+                    inputs: str = "") -> list[Variant]:
     """One character changed, at one position, to others of its class (never a case change: a case-insensitive
-    comparison must not pass a decoy). All of a grading's decoys change the same position."""
+    comparison must not pass a decoy). All of a grading's decoys change the same position. With `inputs` (the
+    test's other text), positions and characters that keep its likeness to that text are preferred (`_shared`)."""
     text = value.decode("latin-1") if isinstance(value, bytes) else value
     eligible = [i for i, char in enumerate(text) if char.isascii() and char.isalnum()]
+    tokens = _tokens(inputs)
+    eligible = [i for i in eligible if not _shared(text, i, inputs, tokens)] or eligible
     out = []
     for position in rng.sample(eligible, min(positions, len(eligible))):
         char = text[position]
-        pool = [c for c in _same_class(char) if c.lower() != char.lower()]
+        pool = _fresh(text, position, inputs)
+        pool = pool if len(pool) >= k else [c for c in _same_class(char) if c.lower() != char.lower()]
         for new in rng.sample(pool, min(len(pool), max(k + 2, 4))):
             changed = text[:position] + new + text[position + 1:]
             literal = changed.encode("latin-1") if isinstance(value, bytes) else changed
@@ -1009,16 +1038,11 @@ def _row_move(leaves: list[ast.AST], inputs: str, k: int, rng: random.Random) ->
                 options.append((leaf, value, step, 0, ""))
             continue
         text = value.decode("latin-1") if isinstance(value, bytes) else value
-        tokens = [token for token in re.split(r"[^0-9A-Za-z]+", inputs) if token]
+        tokens = _tokens(inputs)
         for position, char in enumerate(text):
-            before, after = text[max(0, position - 1):position], text[position + 1:position + 2]
-            if not (char.isascii() and char.isalnum()) or (before + char) in inputs and before \
-                    or (char + after) in inputs and after or char in tokens \
-                    or position == 0 and any(token.startswith(char) for token in tokens) \
-                    or position == len(text) - 1 and any(token.endswith(char) for token in tokens):
+            if not (char.isascii() and char.isalnum()) or _shared(text, position, inputs, tokens):
                 continue
-            pool = [c for c in _same_class(char) if c.lower() != char.lower()
-                    and not (before and before + c in inputs) and not (after and c + after in inputs)]
+            pool = _fresh(text, position, inputs)
             if len(pool) >= 2 * k:
                 options.append((leaf, value, 0, position, "".join(rng.sample(pool, 2 * k))))
     return rng.choice(options) if options else None
@@ -1061,6 +1085,12 @@ def param_candidates(table: ParamTable, names: set[str], k: int, rng: random.Ran
     return render_param(table), variants
 
 
+def _other_text(function: ast.AST, leaf: ast.AST) -> str:
+    """The test's text a value at `leaf` is read beside: every other string and number it writes."""
+    return "\n".join(str(node.value) for node in ast.walk(function) if node is not leaf
+                      and isinstance(node, ast.Constant) and isinstance(node.value, str | int | float))
+
+
 def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | None = None,
                     written_lines: set[int] | None = None) -> dict[str, DecoysOfTest]:
     """Every candidate variant of every site of `tests` (ids in this one file), before validation. With
@@ -1092,7 +1122,7 @@ def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | 
                     continue
                 variants = vocabulary_candidates(value, literals, k, rng) + (
                     number_candidates(value, k, rng) if isinstance(value, int | float)
-                    else text_candidates(value, k, rng))
+                    else text_candidates(value, k, rng, inputs=_other_text(finder.function, node)))
             elif kind == "param":
                 real, variants = param_candidates(finder.param, finder.param_names, k, rng)
             elif kind == "bits":

@@ -1,0 +1,379 @@
+"""Decoy site finding, candidates, drawing and layouts (lego/verify/decoys.py), without Docker or pytest runs.
+
+Site finding: each shape of checked expectation a test can have gives its site (a literal compared, a value built
+by constructors, a name bound to one, a loop's or a parametrize table's expected column, truth values, helpers,
+flipped truths, exceptions), and inputs never do. Layouts: the real test and its decoys differ only at the site,
+under fresh names, in a shuffled order, all printed alike; graded names never appear in the files written.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import random
+import re
+from collections import Counter
+
+import pytest
+
+from lego.verify.decoys import (
+    DecoyPlan,
+    DecoysOfTest,
+    NodeId,
+    SitePool,
+    Variant,
+    build_layout,
+    draw_variants,
+    find_function,
+    find_sites,
+    number_candidates,
+    param_table,
+    plan_candidates,
+)
+
+PATH = "tests/test_mod.py"
+NAME = re.compile(r"test_[0-9a-f]{12}")
+
+
+def sites(source: str, test: str, known: list[str] | None = None) -> list[tuple[str, str]]:
+    """(kind, the node's source) of each site of `test`, in find_sites' order."""
+    module = ast.parse(source)
+    ref = NodeId.parse(f"{PATH}::{test}")
+    nodes = list(ast.walk(find_function(module, ref.owner, ref.name)))
+    ids = [f"{PATH}::{item}" for item in known] if known is not None else None
+    return [(kind, ast.unparse(nodes[index])) for index, kind in find_sites(module, ref, ids)]
+
+
+def values(source: str, test: str, known: list[str] | None = None) -> list[str]:
+    """The value sites' literals, sorted (their order is the AST's, not the source's)."""
+    return sorted(text for kind, text in sites(source, test, known) if kind == "value")
+
+
+def plan_of(source: str, tests: list[str], seed: int = 0) -> DecoyPlan:
+    """Every candidate taken as validated (as if each had failed under the gold patch)."""
+    ids = [f"{PATH}::{test}" for test in tests]
+    return DecoyPlan(tests=plan_candidates(source, ids, 2, random.Random(seed)))
+
+
+def layout_of(source: str, tests: list[str], seed: int, plan: DecoyPlan | None = None):
+    ids = [f"{PATH}::{test}" for test in tests]
+    return build_layout({PATH: source}, plan or plan_of(source, tests), ids, [], k=2, pass_to_pass_sample=0,
+                        rng=random.Random(seed))
+
+
+def group_functions(text: str, owner: str | None = None) -> dict[str, str]:
+    """Each rendered test function of a layout's file, by name, as printed source."""
+    module = ast.parse(text)
+    body = module.body
+    if owner:
+        body = next(node for node in module.body if isinstance(node, ast.ClassDef) and node.name == owner).body
+    return {node.name: ast.unparse(node) for node in body
+            if isinstance(node, ast.FunctionDef) and NAME.fullmatch(node.name)}
+
+
+# ---------------------------------------------------------------------------------------------- site finding
+
+
+def test_a_compared_literal_is_a_site_and_the_code_under_tests_arguments_are_not():
+    source = "def test_add():\n    assert add(2, 3) == 5\n    assert 'ab' == join('a', 'b')\n"
+    assert values(source, "test_add") == ["'ab'", "5"]
+
+
+def test_constructor_arguments_of_the_expected_value_are_sites():
+    source = ("def test_parse():\n"
+              "    assert parse_quantity('-40 degC') == Quantity(-40.0, 'degC')\n"
+              "    assert month_end(date(2024, 12, 5)) == date(2024, 12, 31)\n"
+              "    assert left.intersection(right) == Interval.closed(1, 1)\n")
+    found = values(source, "test_parse")
+    assert {"-40.0", "'degC'", "2024", "12", "31", "1"} <= set(found)
+    assert "'-40 degC'" not in found and "5" not in found  # inputs of the code under test
+
+
+def test_two_constructed_sides_are_ambiguous_and_give_no_value_site():
+    source = "def test_same():\n    assert Version('1.0') == Version.parse('1.0')\n"
+    assert values(source, "test_same") == []
+
+
+def test_str_of_a_result_compared_with_a_literal():
+    source = "def test_str():\n    assert str(Foo(1)) == 'Foo(1)'\n    assert repr(x) == 'X'\n"
+    assert values(source, "test_str") == ["'Foo(1)'", "'X'"]
+
+
+def test_a_name_bound_to_a_joined_literal_is_an_expectation():
+    source = ("def test_table():\n"
+              "    result = tabulate(rows)\n"
+              "    expected = '\\n'.join(['a  b', '-  -', '1  2'])\n"
+              "    print(f'expected: {expected!r}')\n"
+              "    assert_equal(expected, result)\n")
+    assert values(source, "test_table") == ["'1  2'", "'a  b'"]  # '-  -' has nothing to change
+
+
+def test_a_name_rebound_through_a_value_constructor_keeps_its_literals():
+    source = ("def test_wrap():\n"
+              "    expected = ['+---+', '| a |']\n"
+              "    expected = '\\n'.join(expected)\n"
+              "    assert_equal(expected, tabulate(data))\n")
+    assert values(source, "test_wrap") == ["'| a |'"]
+
+
+def test_a_name_the_code_under_test_also_receives_is_an_input():
+    source = ("def test_identity():\n"
+              "    x = 5\n"
+              "    assert f(x) == x\n"
+              "    expected = 'abc'\n"
+              "    assert g(expected) == expected\n")
+    assert values(source, "test_identity") == []
+
+
+def test_numpy_array_expectations():
+    source = ("import numpy as np\n\n\n"
+              "def test_np():\n"
+              "    np.testing.assert_array_equal(compute(a), np.array([1, 2, 3]))\n"
+              "    assert np.array_equal(compute(b), [4.5, 6])\n"
+              "    assert compute(c).tolist() == [[7]]\n")
+    assert values(source, "test_np") == ["1", "2", "3", "4.5", "6", "7"]
+
+
+def test_tolerances_and_dtypes_are_settings_not_expectations():
+    source = ("def test_close():\n"
+              "    assert area(r) == pytest.approx(3.14, rel=1e-3)\n"
+              "    np.testing.assert_allclose(v, np.array([0.5], dtype='float32'), rtol=0.01)\n")
+    assert values(source, "test_close") == ["0.5", "3.14"]
+
+
+def test_each_conjunct_of_an_asserted_and_is_checked():
+    source = "def test_both():\n    assert d['k'] == 2 and d['l'] == [4, 5]\n"
+    assert values(source, "test_both") == ["2", "4", "5"]
+
+
+def test_a_loop_over_a_table_written_in_the_test():
+    source = ("def test_len():\n"
+              "    for args, expected in [((1, 7, 2), 4), ((0, 3, 1), 3)]:\n"
+              "        with subTest(args=args):\n"
+              "            assert len(numeric_range(*args)) == expected\n")
+    assert values(source, "test_len") == ["3", "4"]  # the arguments' column is the input
+
+
+def test_a_parametrized_expected_column_is_one_site_and_the_input_column_none():
+    source = ("import pytest\n\nCASES = (('box', 'boxes'), ('wife', 'wives'))\n\n\n"
+              "@pytest.mark.parametrize(('singular', 'plural'), CASES)\n"
+              "def test_plural(singular, plural):\n"
+              "    assert plural == pluralize(singular)\n"
+              "    assert plural.capitalize() == pluralize(singular.capitalize())\n")
+    known = ["test_plural[box-boxes]", "test_plural[wife-wives]"]
+    assert [kind for kind, _ in sites(source, "test_plural", known)] == ["param", "flip_compare", "flip_compare"]
+    identity = source.replace("assert plural == pluralize(singular)", "assert plural == pluralize(plural)")
+    assert "param" not in [kind for kind, _ in sites(identity, "test_plural", known)]
+
+
+def test_a_parametrize_table_is_a_site_only_where_every_graded_id_is_found_in_it():
+    source = ("@pytest.mark.parametrize('n, expected', [(1, '1st'), (2, '2nd')])\n"
+              "def test_ordinal(n, expected):\n    assert ordinal(n) == expected\n")
+    module = ast.parse(source)
+    function = find_function(module, None, "test_ordinal")
+    table = param_table(module, function, [f"{PATH}::test_ordinal[1-1st]"])
+    assert table is not None and table.ids == ["1-1st", "2-2nd"]
+    assert param_table(module, function, [f"{PATH}::test_ordinal[1-1st-fixture0]"]) is None  # a fixture's params
+    escaped = source.replace("'2nd'", "'2\\xe9'")
+    assert param_table(ast.parse(escaped), find_function(ast.parse(escaped), None, "test_ordinal"),
+                       [f"{PATH}::test_ordinal[2-2\\xe9]"]) is not None  # pytest's escaping reproduced
+
+
+def test_truth_values_of_an_expectation_are_changed_in_pairs():
+    source = "def test_flags():\n    assert [cfg.getbool(k) for k in 'abcd'] == [True, False, True, False]\n"
+    assert ("bits", "[True, False, True, False]") in sites(source, "test_flags")
+    plan = plan_of(source, ["test_flags"])
+    pool = next(p for p in plan.tests[f"{PATH}::test_flags"].pools if p.kind == "bits")
+    for family in {v.family for v in pool.variants}:
+        members = [v.replacement for v in pool.variants if v.family == family]
+        assert len(members) == 3 and "[True, False, True, False]" not in members
+
+
+def test_helpers_that_compare_a_parameter_module_level_and_nested():
+    source = ("def check(text, expected):\n    assert render(text) == expected\n\n\n"
+              "def test_render():\n"
+              "    check('a', 'A!')\n"
+              "    def y(fmt, s, e):\n"
+              "        r = parse(fmt, s)\n"
+              "        assert r == e\n"
+              "    y('{:d}', 'a 12 b', 12)\n")
+    assert values(source, "test_render") == ["'A!'", "12"]
+
+
+def test_flips_and_exceptions():
+    source = ("def test_misc(self):\n"
+              "    assert r is None\n"
+              "    assert (x in s) != (x in t)\n"
+              "    assert ok()\n"
+              "    self.assertTrue(done)\n"
+              "    with pytest.raises(ValueError):\n"
+              "        parse('x')\n")
+    kinds = [kind for kind, _ in sites(source, "test_misc")]
+    assert kinds == ["exception", "flip_is", "flip_compare", "flip_call", "flip_assert"]
+
+
+# ---------------------------------------------------------------------------------------------- candidates
+
+
+def test_table_rows_move_nothing_their_inputs_share():
+    source = ("@pytest.mark.parametrize('word, plural', [('fish', 'fish'), ('horse', 'horses')])\n"
+              "def test_plural(word, plural):\n    assert pluralize(word) == plural\n")
+    plan = plan_of(source, ["test_plural[fish-fish]", "test_plural[horse-horses]"])
+    pool = plan.tests[f"{PATH}::test_plural[fish-fish]"].pools[0]
+    assert pool.kind == "param" and pool.variants
+    for variant in pool.variants:
+        assert "('fish', 'fish')" in variant.replacement  # unmoved: any change would show the real one
+        assert re.search(r"\('horse', 'horse[a-z]'\)", variant.replacement)  # only the suffix moves
+        assert variant.ids["fish-fish"] == "fish-fish" and variant.ids["horse-horses"] != "horse-horses"
+
+
+def test_the_ids_of_one_function_share_its_sites():
+    source = ("@pytest.mark.parametrize('x', [1, 2])\n"
+              "def test_inc(x):\n    assert inc(x) > 0\n    assert inc(0) == 1\n")
+    plan = plan_of(source, ["test_inc[1]", "test_inc[2]"])
+    first, second = plan.tests[f"{PATH}::test_inc[1]"], plan.tests[f"{PATH}::test_inc[2]"]
+    assert first.pools and first.pools == second.pools
+
+
+# ---------------------------------------------------------------------------------------------- drawing
+
+
+def test_progression_ranks_are_uniform():
+    pool = SitePool(site=1, kind="value", variants=number_candidates(10, 2, random.Random(1)))
+    rng = random.Random(7)
+    ranks = Counter()
+    for _ in range(3000):
+        drawn = [int(v.replacement) for v in draw_variants(pool, 2, rng)]
+        assert len(drawn) == 2 and 10 not in drawn
+        members = sorted([10, *drawn])
+        steps = {b - a for a, b in zip(members, members[1:], strict=False)}
+        assert len(steps) == 1  # three consecutive terms of one progression
+        ranks[members.index(10)] += 1
+    assert set(ranks) == {0, 1, 2}
+    assert all(850 <= count <= 1150 for count in ranks.values()), ranks
+
+
+def test_a_pool_with_one_validated_variant_gives_one_decoy():
+    pool = SitePool(site=1, kind="flip_assert", variants=[Variant(family="flip")])
+    assert len(draw_variants(pool, 2, random.Random(0))) == 1
+    assert DecoysOfTest(test="t", pools=[pool]).available(2) == 1
+
+
+# ---------------------------------------------------------------------------------------------- layouts
+
+MODULE = '''"""Module docstring."""
+import pytest
+
+
+def helper():
+    return 1
+
+
+def test_compute():  # a comment
+    """The docstring stays, the comments go."""
+    value = compute(3)  # the input
+    # the expectation
+    assert value == 42
+
+
+class TestThings:
+    def test_method(self):
+        assert method(1) == "one"
+'''
+
+
+def test_the_real_test_and_its_decoys_differ_only_at_the_site():
+    layout = layout_of(MODULE, ["test_compute"], seed=3)
+    text = layout.files[PATH]
+    functions = group_functions(text)
+    real = layout.real[f"{PATH}::test_compute"].split("::")[-1]
+    decoys = [decoy.split("::")[-1] for decoy in layout.decoys]
+    assert len(decoys) == 2 and set(functions) == {real, *decoys}
+    real_lines = functions[real].replace(real, "NAME").splitlines()
+    drawn = layout.drawn[f"{PATH}::test_compute"]["values"]
+    for decoy, value in zip(decoys, drawn, strict=True):
+        decoy_lines = functions[decoy].replace(decoy, "NAME").splitlines()
+        changed = [line[0] + line[1:].strip() for line in difflib.ndiff(real_lines, decoy_lines) if line[:1] in "+-"]
+        assert changed == ["-assert value == 42", f"+assert value == {value}"]
+    assert "#" not in "".join(functions.values())  # comments gone from every member alike
+    assert all('"""The docstring stays, the comments go."""' in body for body in functions.values())
+    assert "def helper():" in text and '"""Module docstring."""' in text  # the rest of the module as it was
+
+
+def test_names_are_fresh_and_no_graded_name_is_left_in_the_files():
+    tests = ["test_compute", "TestThings::test_method"]
+    layout = layout_of(MODULE, tests, seed=5)
+    text = layout.files[PATH]
+    assert "test_compute" not in text and "test_method" not in text
+    names = [member.name for member in layout.members.values()]
+    assert len(set(names)) == len(names) == 6 and all(NAME.fullmatch(name) for name in names)
+
+
+def test_class_methods_stay_in_their_class():
+    layout = layout_of(MODULE, ["TestThings::test_method"], seed=1)
+    renamed = layout.real[f"{PATH}::TestThings::test_method"]
+    assert re.fullmatch(rf"{re.escape(PATH)}::TestThings::test_[0-9a-f]{{12}}", renamed)
+    in_class = group_functions(layout.files[PATH], owner="TestThings")
+    assert len(in_class) == 3 and renamed.split("::")[-1] in in_class
+    assert all(decoy.startswith(f"{PATH}::TestThings::") for decoy in layout.decoys)
+
+
+def test_the_real_tests_position_in_its_group_is_shuffled():
+    plan = plan_of(MODULE, ["test_compute"])
+    positions = Counter()
+    for seed in range(300):
+        layout = layout_of(MODULE, ["test_compute"], seed=seed, plan=plan)
+        order = list(group_functions(layout.files[PATH]))
+        positions[order.index(layout.real[f"{PATH}::test_compute"].split("::")[-1])] += 1
+    assert set(positions) == {0, 1, 2} and min(positions.values()) > 60, positions
+
+
+def test_two_layouts_of_one_plan_differ():
+    plan = plan_of(MODULE, ["test_compute"])
+    first, second = (layout_of(MODULE, ["test_compute"], seed=seed, plan=plan) for seed in (11, 12))
+    assert first.files[PATH] != second.files[PATH]
+    assert not {m.name for m in first.members.values()} & {m.name for m in second.members.values()}
+
+
+def test_parametrized_ids_keep_their_params():
+    source = ("import pytest\n\n\n@pytest.mark.parametrize('x', [1, 2])\n"
+              "def test_inc(x):\n    assert inc(x) > 0\n    assert inc(0) == 1\n")
+    layout = layout_of(source, ["test_inc[1]", "test_inc[2]"], seed=2)
+    for case in ("1", "2"):
+        assert re.fullmatch(rf"{re.escape(PATH)}::test_[0-9a-f]{{12}}\[{case}\]",
+                            layout.real[f"{PATH}::test_inc[{case}]"])
+        decoys = layout.decoys_of(f"{PATH}::test_inc[{case}]")
+        assert len(decoys) == 2 and all(decoy.endswith(f"[{case}]") for decoy in decoys)
+
+
+def test_a_table_decoys_cases_are_named_from_its_own_values_and_keep_the_graded_rows():
+    source = ("import pytest\n\n\n@pytest.mark.parametrize('n, expected', [(1, '1st'), (2, '2nd'), (3, '3rd')])\n"
+              "def test_ordinal(n, expected):\n    assert ordinal(n) == expected\n")
+    layout = layout_of(source, ["test_ordinal[1-1st]", "test_ordinal[3-3rd]"], seed=4)
+    real = layout.real[f"{PATH}::test_ordinal[1-1st]"]
+    assert real.endswith("[1-1st]")
+    for decoy in layout.decoys_of(f"{PATH}::test_ordinal[1-1st]"):
+        case = decoy[decoy.index("[") + 1:-1]
+        assert case.startswith("1-1") and case != "1-1st"
+    functions = group_functions(layout.files[PATH])
+    assert len(functions) == 3
+    for body in functions.values():
+        decorator = ast.parse(body).body[0].decorator_list[0]
+        rows = [ast.literal_eval(row) for row in decorator.args[1].elts]
+        assert [n for n, _ in rows] == [1, 3]  # the ungraded row (2, '2nd') is in no member
+    real_name = NodeId.parse(real).name
+    real_rows = ast.literal_eval(ast.parse(functions[real_name]).body[0].decorator_list[0].args[1])
+    assert real_rows == [(1, "1st"), (3, "3rd")]
+
+
+def test_a_file_that_does_not_parse_is_left_as_it_is_with_the_reason():
+    source = "def test_broken(:\n    assert 1 == 1\n"
+    with pytest.raises(SyntaxError):
+        plan_candidates(source, [f"{PATH}::test_broken"], 2)
+    plan = DecoyPlan(tests={f"{PATH}::test_broken": DecoysOfTest(
+        test=f"{PATH}::test_broken", pools=[SitePool(site=3, kind="value", variants=[
+            Variant(replacement="2", family="step:1", offset=1), Variant(replacement="3", family="step:1", offset=2)])])})
+    layout = build_layout({PATH: source}, plan, [f"{PATH}::test_broken"], [], k=2, pass_to_pass_sample=0,
+                          rng=random.Random(0))
+    assert PATH not in layout.files and "SyntaxError" in layout.unrewritable[PATH]
+    assert layout.real == {f"{PATH}::test_broken": f"{PATH}::test_broken"} and not layout.decoys
