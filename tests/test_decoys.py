@@ -377,3 +377,16 @@ def test_a_file_that_does_not_parse_is_left_as_it_is_with_the_reason():
                           rng=random.Random(0))
     assert PATH not in layout.files and "SyntaxError" in layout.unrewritable[PATH]
     assert layout.real == {f"{PATH}::test_broken": f"{PATH}::test_broken"} and not layout.decoys
+
+
+def test_a_method_a_graded_subclass_inherits_keeps_its_name_and_the_rest_of_the_file_its_decoys():
+    source = ("class TestBase:\n    def test_shared(self):\n        assert merge(1) == 2\n\n\n"
+              "class TestChild(TestBase):\n    pass\n\n\n"
+              "def test_other():\n    assert other() == 5\n")
+    tests = ["TestBase::test_shared", "TestChild::test_shared", "test_other"]
+    layout = layout_of(source, tests, seed=0)
+    text = layout.files[PATH]
+    assert "def test_shared(self):" in text  # TestChild::test_shared still exists
+    for test in ("TestBase::test_shared", "TestChild::test_shared"):
+        assert layout.real[f"{PATH}::{test}"] == f"{PATH}::{test}" and not layout.decoys_of(f"{PATH}::{test}")
+    assert "test_other" not in text and len(layout.decoys_of(f"{PATH}::test_other")) == 2

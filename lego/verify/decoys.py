@@ -31,8 +31,12 @@ Limits, stated plainly:
 - A flipped truth (`assert x` / `assert not x`, `is None` / `is not None`) allows one decoy only, and it catches a
   forger that passes every test, not one that forces the asserted predicate to one answer: sites that change a
   value or an exception come first wherever a test has one.
-- A test with no checkable expectation (`assert` on a parametrized `expected`, a bare call) gets no decoy; `lego
-  tasks validate` names those tests. Its defence is then the in-process evidence alone.
+- A test with no checkable expectation (a bare call, a value it computes itself, an expectation that is also the
+  code's input: `assert word == singularize(word)`) gets no decoy, or one flipped comparison; `lego tasks validate`
+  names those tests. Its defence is then the in-process evidence alone.
+- A string expectation that echoes the test's inputs (`sql_format("select 1") == "SELECT 1"`) leaves few characters
+  whose change keeps that likeness: where none is left, a decoy is less like the inputs than the real value, which
+  a forger comparing them can read (text_candidates prefers the characters that keep it).
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ def literal(text: str):
     """The value of a literal's source (ast.literal_eval of a string parses it: one thread at a time too)."""
     return ast.literal_eval(parse_python(text, mode="eval").body)
 
-DECOY_FORMAT = 6  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+DECOY_FORMAT = 7  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
 MAX_SITES_PER_TEST = 2
 MAX_VARIANTS_PER_SITE = 10  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12
@@ -1469,6 +1473,38 @@ def validation_layout(sources: dict[str, str], candidates: dict[str, DecoysOfTes
     return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng)
 
 
+def inherited(sources: dict[str, str], functions: list[tuple[str, str | None, str]]) -> set[tuple[str, str | None, str]]:
+    """The graded test methods a class of the module inherits (`Sub::test_m` where `Sub` does not define test_m),
+    and the methods they inherit from, up the module's own base classes."""
+    frozen: set[tuple[str, str | None, str]] = set()
+    modules: dict[str, ast.Module | None] = {}
+    for path, owner, name in functions:
+        if owner is None or "::" in owner:
+            continue
+        if path not in modules:
+            try:
+                modules[path] = parse_python(sources[path]) if path in sources else None
+            except (SyntaxError, ValueError):
+                modules[path] = None
+        module = modules[path]
+        if module is None:
+            continue
+        classes = {node.name: node for node in module.body if isinstance(node, ast.ClassDef)}
+        if owner not in classes or find_function(module, owner, name) is not None:
+            continue
+        frozen.add((path, owner, name))
+        queue, seen = [classes[owner]], set()
+        while queue:
+            current = queue.pop()
+            for base in current.bases:
+                if isinstance(base, ast.Name) and base.id in classes and base.id not in seen:
+                    seen.add(base.id)
+                    queue.append(classes[base.id])
+                    if find_function(module, base.id, name) is not None:
+                        frozen.add((path, base.id, name))
+    return frozen
+
+
 def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str], members_of,
             rng: random.Random, untouched: dict[str, str] | None = None) -> DecoyLayout:
     layout = DecoyLayout()
@@ -1477,7 +1513,14 @@ def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list
         by_function.setdefault(NodeId.parse(test).function, []).append(test)
     per_file: dict[str, list[Group]] = {}
     ids_of: dict[tuple[str, str | None, str], list[str]] = {}
+    frozen = inherited(sources, list(by_function))
     for function, tests in by_function.items():
+        if function in frozen:
+            # A method a graded subclass inherits (or the inherited id itself): renamed in its class, the
+            # subclass's test would be gone. It is graded as it is, under its own name, with no decoy.
+            ids_of[function] = list(tests)
+            layout.real.update({test: test for test in tests})
+            continue
         members = members_of(tests)
         cases = {NodeId.parse(test).params[1:-1] for test in tests}
         per_file.setdefault(function[0], []).append(Group(NodeId.parse(tests[0]), members,
