@@ -390,3 +390,14 @@ def test_a_method_a_graded_subclass_inherits_keeps_its_name_and_the_rest_of_the_
     for test in ("TestBase::test_shared", "TestChild::test_shared"):
         assert layout.real[f"{PATH}::{test}"] == f"{PATH}::{test}" and not layout.decoys_of(f"{PATH}::{test}")
     assert "test_other" not in text and len(layout.decoys_of(f"{PATH}::test_other")) == 2
+
+
+def test_a_decoy_is_judged_only_on_the_cases_its_site_was_validated_on():
+    source = ("import pytest\n\n\n@pytest.mark.parametrize('n, expected', [(1, '1st'), (2, '2nd'), (3, '3rd')])\n"
+              "def test_ordinal(n, expected):\n    assert ordinal(n) == expected\n")
+    planned = plan_of(source, ["test_ordinal[1-1st]"])  # the gold run saw only this case
+    layout = build_layout({PATH: source}, planned, [f"{PATH}::test_ordinal[1-1st]"],
+                          [f"{PATH}::test_ordinal[2-2nd]"], k=2, pass_to_pass_sample=0, rng=random.Random(0))
+    assert len(layout.decoys_of(f"{PATH}::test_ordinal[1-1st]")) == 2
+    assert layout.decoys_of(f"{PATH}::test_ordinal[2-2nd]") == []
+    assert layout.real[f"{PATH}::test_ordinal[2-2nd]"].endswith("[2-2nd]")

@@ -70,7 +70,7 @@ def literal(text: str):
     """The value of a literal's source (ast.literal_eval of a string parses it: one thread at a time too)."""
     return ast.literal_eval(parse_python(text, mode="eval").body)
 
-DECOY_FORMAT = 7  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+DECOY_FORMAT = 8  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
 MAX_SITES_PER_TEST = 2
 MAX_VARIANTS_PER_SITE = 10  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12
@@ -1454,7 +1454,11 @@ def build_layout(sources: dict[str, str], plan: DecoyPlan, fail_to_pass: list[st
         rng.shuffle(members)
         return members
 
-    return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng, untouched=plan.untouched)
+    # A decoy is judged on the cases its site was validated on (a parametrized test's planned cases): its other
+    # cases run, but a case no gold run saw fail is no evidence either way.
+    validated = {test for test, found in plan.tests.items() if found.pools}
+    return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng, untouched=plan.untouched,
+                   decoy_tests=validated)
 
 
 def validation_layout(sources: dict[str, str], candidates: dict[str, DecoysOfTest], fail_to_pass: list[str],
@@ -1470,7 +1474,7 @@ def validation_layout(sources: dict[str, str], candidates: dict[str, DecoysOfTes
         return members
 
     rng = random.SystemRandom()
-    return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng)
+    return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng, decoy_tests=set(candidates))
 
 
 def inherited(sources: dict[str, str], functions: list[tuple[str, str | None, str]]) -> set[tuple[str, str | None, str]]:
@@ -1506,7 +1510,9 @@ def inherited(sources: dict[str, str], functions: list[tuple[str, str | None, st
 
 
 def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str], members_of,
-            rng: random.Random, untouched: dict[str, str] | None = None) -> DecoyLayout:
+            rng: random.Random, untouched: dict[str, str] | None = None,
+            decoy_tests: set[str] | None = None) -> DecoyLayout:
+    """`decoy_tests`: the graded tests whose decoys are judged (None: all); a decoy's other cases get no id."""
     layout = DecoyLayout()
     by_function: dict[tuple[str, str | None, str], list[str]] = {}
     for test in dict.fromkeys([*fail_to_pass, *pass_to_pass]):
@@ -1529,6 +1535,8 @@ def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list
         for test in tests:
             ref = NodeId.parse(test)
             for member in members:
+                if member.role == "decoy" and decoy_tests is not None and test not in decoy_tests:
+                    continue
                 renamed = ref.renamed(member.name)
                 if member.variant is not None and member.variant.ids and ref.params:
                     # A parametrize table's decoy: its cases are named from its own values.
