@@ -695,7 +695,8 @@ def eval_command(
     Exits 1 when an evaluation graded fewer than eval.min_coverage of its planned attempts."""
     import contextlib
 
-    from lego.evaluate.run import (
+    from lego.pipeline.artifacts import StageContext
+    from lego.pipeline.evaluation import (
         EvalError,
         checkpoint_policy,
         eval_tasks,
@@ -705,8 +706,7 @@ def eval_command(
         run_policy,
         scripted_policy,
     )
-    from lego.evaluate.tracking import track_evaluation
-    from lego.pipeline.artifacts import StageContext
+    from lego.pipeline.evaluation_tracking import track_evaluation
     from lego.pipeline.progress import RunProgress
     from lego.pipeline.runners import load_runner
     from lego.track.tracker import Tracker

@@ -126,8 +126,8 @@ def test_a_sandbox_that_dies_is_a_coverage_shortfall_not_a_rate(docker_engine, b
 
 def test_eval_refuses_what_it_cannot_evaluate(tmp_path):
     from lego.config import load_config
-    from lego.evaluate.run import EvalError, checkpoint_policy, run_policy
     from lego.harness.base import HarnessError
+    from lego.pipeline.evaluation import EvalError, checkpoint_policy, run_policy
     from lego.workdir import WorkDir
 
     with pytest.raises(EvalError, match="not a policy checkpoint"):
@@ -139,7 +139,7 @@ def test_eval_refuses_what_it_cannot_evaluate(tmp_path):
     save_manifest(work, RunManifest(run_id="run-x", created_at="now", config={}))
     with pytest.raises(EvalError, match="no policy version 3 .*versions: none"):
         run_policy(work, "run-x", 3)
-    from lego.evaluate.run import harness_config
+    from lego.pipeline.evaluation import harness_config
 
     with pytest.raises(HarnessError, match="unknown harness"):
         harness_config(config, "no-such-harness")

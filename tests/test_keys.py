@@ -74,7 +74,7 @@ def test_editing_an_imported_file_changes_the_key_and_an_unrelated_one_does_not(
 
 # What each stage runs, by package. A stage's key must change when code it runs changes, and only then.
 ALL_STAGES = frozenset(STAGE_MODULES)
-EVALUATES = frozenset({"evaluate", "baseline"})  # lego.evaluate.run: attempts at a policy, graded, summarized
+EVALUATES = frozenset({"evaluate", "baseline"})  # lego.pipeline.evaluation: attempts at a policy, graded, summarized
 # The stages that run attempts: the harness in a sandbox, its model calls through the proxy to an engine
 # (lego.pipeline.attempts -> lego.rollout). The warm start runs gold attempts, the filter measures difficulty.
 RUNS_ATTEMPTS = frozenset({"rollout", "warmstart", "filter"}) | EVALUATES
@@ -119,7 +119,7 @@ STAGES_RUNNING: dict[str, frozenset[str]] = {
     "lego/tasksets/task.py": ALL_STAGES,  # every stage reads or writes tasks
     "lego/evaluate/report.py": EVALUATES,
     "lego/evaluate/compare.py": NONE,  # `lego compare`
-    "lego/evaluate/tracking.py": NONE,  # `lego eval` in MLflow: no stage's result depends on it
+    "lego/pipeline/evaluation_tracking.py": NONE,  # `lego eval` in MLflow: no stage's result depends on it
     "lego/track/traces.py": NONE,  # MLflow records what stages computed; no stage computes with it
     "lego/ui/app.py": NONE,
     "lego/bench/rollout.py": NONE,

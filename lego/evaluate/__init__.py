@@ -1,4 +1,4 @@
-"""Evaluation and harness comparison (no Prefect).
+"""Evaluation reports and harness comparison (no Prefect); running an evaluation is lego.pipeline.evaluation.
 
 - stats.wilson_interval: a resolved rate's confidence interval.
 - report.EvalReport / summarize_outcomes: one evaluation's resolved rate with its interval, infra failures

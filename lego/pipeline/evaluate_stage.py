@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lego.evaluate.run import EvalPolicy, evaluate_policy
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
+from lego.pipeline.evaluation import EvalPolicy, evaluate_policy
 from lego.pipeline.policy import Policy
 from lego.pipeline.rollout_stage import rollout_settings
 from lego.pipeline.taskset_stage import read_tasks
@@ -46,7 +46,7 @@ def run_evaluate_stage(ctx: StageContext, tasks_result: StageResult, policy: Pol
 
 def _evaluate_split(ctx: StageContext, tasks_result: StageResult, policy: Policy, split: str, data_run_id: str,
                     iteration: int):
-    """`lego eval`'s code (lego.evaluate.run) with the pipeline's harness, on one split of its task list."""
+    """`lego eval`'s code (lego.pipeline.evaluation) with the pipeline's harness, on one split of its task list."""
     harness = ctx.config.harness.name
     evaluation = evaluate_policy(ctx, read_tasks(tasks_result.outputs[SPLIT_TASKS[split]]), EvalPolicy.of(policy),
                                  data_run_ids={harness: data_run_id}, stage=STAGE, iteration=iteration,

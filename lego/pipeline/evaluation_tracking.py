@@ -1,7 +1,7 @@
 """`lego eval` in MLflow: the evaluation as a parent run with an `evaluate` stage run per harness.
 
-Apart from lego.evaluate.run because the pipeline's evaluate stage runs that module and never logs this way: a
-stage's cache key covers the modules it imports (lego.pipeline.keys), so tracking code stays out of it.
+Apart from lego.pipeline.evaluation because the pipeline's evaluate stage runs that module and never logs this
+way: a stage's cache key covers the modules it imports (lego.pipeline.keys), so tracking code stays out of it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from lego.evaluate.run import PolicyEvaluation
+from lego.pipeline.evaluation import PolicyEvaluation
 
 
 def track_evaluation(tracker, eval_id: str, evaluation: PolicyEvaluation, keys: Mapping[str, str],
