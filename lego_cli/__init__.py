@@ -779,12 +779,16 @@ def bench(
     name: Annotated[str, typer.Argument(help="Benchmark name: sandbox | decoys | proxy | dataset | rollout | r3 | train | learn")],
     config: ConfigOption = "default",
     overrides: Overrides = None,
+    option: Annotated[list[str] | None, typer.Option(
+        "--option", "-o", help="A benchmark's own knob, KEY=VALUE (repeatable), e.g. proxy: sessions, turns, rounds, "
+        "measure=instructions, profiles=DIR; rollout: harnesses=a,b; learn: run_config=NAME")] = None,
 ) -> None:
     """Run a benchmark and print its JSON result."""
     from lego.bench import run_benchmark
 
+    options = dict(item.partition("=")[::2] for item in option or [])
     cfg, work = _load(config, overrides)
-    print(json.dumps(run_benchmark(name, cfg, work), indent=2))
+    print(json.dumps(run_benchmark(name, cfg, work, options), indent=2))
 
 
 def main() -> None:

@@ -46,7 +46,7 @@ def test_the_bench_reports_the_proxy_beside_the_pass_through():
 @pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
                     reason="valgrind is not installed (scripts/setup.sh installs it)")
 def test_the_bench_counts_instructions_under_callgrind(tmp_path):
-    """LEGO_BENCH_PROXY_MEASURE=instructions: the pass-through and the proxy run under callgrind, each phase's
+    """measure=instructions: the pass-through and the proxy run under callgrind, each phase's
     instructions per call are reported with their ratio, and each phase's profile is kept when asked."""
     result = run_bench(sessions=2, turns=2, rounds=1, shape_names=("mini_swe_agent",), modes=(False,),
                        measure="instructions", profiles=tmp_path)
@@ -64,11 +64,10 @@ def test_the_bench_counts_instructions_under_callgrind(tmp_path):
 
 
 def test_an_unknown_measure_is_refused_with_the_choices(monkeypatch):
-    from lego.bench.proxy import MEASURE_ENV, BenchError, bench_proxy
+    from lego.bench.proxy import BenchError, bench_proxy
 
-    monkeypatch.setenv(MEASURE_ENV, "wall")
     with pytest.raises(BenchError, match="cpu, instructions"):
-        bench_proxy(None, None)
+        bench_proxy(None, None, measure="wall")
 
 
 def test_counting_instructions_without_valgrind_says_how_to_get_it(monkeypatch, tmp_path):
@@ -77,3 +76,16 @@ def test_counting_instructions_without_valgrind_says_how_to_get_it(monkeypatch, 
     monkeypatch.setenv("PATH", str(tmp_path))  # no valgrind on it
     with pytest.raises(BenchError, match="apt-get install valgrind"):
         InstructionMeter(tmp_path)
+
+
+def test_a_benchmarks_options_come_from_its_parameters():
+    from lego.bench import benchmark_options
+    from lego.bench.proxy import bench_proxy
+    from lego.errors import LegoError
+
+    assert benchmark_options("proxy", bench_proxy, {"sessions": "8", "measure": "instructions"}) == {
+        "sessions": 8, "measure": "instructions"}
+    with pytest.raises(LegoError, match="no option session; it takes sessions, turns"):
+        benchmark_options("proxy", bench_proxy, {"session": "8"})
+    with pytest.raises(LegoError, match="turns='two' is not a whole number"):
+        benchmark_options("proxy", bench_proxy, {"turns": "two"})

@@ -8,7 +8,6 @@ is written beside the run's reports. A benchmark, not a test: it takes tens of m
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -19,16 +18,15 @@ from lego.config import LegoConfig
 from lego.errors import LegoError, tail
 from lego.workdir import WorkDir
 
-CONFIG_ENV = "LEGO_BENCH_LEARN_CONFIG"  # the config `lego run` gets (a name or a path); default: learn
-
 
 @register("learn")
-def bench_learn(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
+def bench_learn(config: LegoConfig, work: WorkDir, run_config: str = "learn") -> dict[str, Any]:
+    """`run_config`: the config `lego run` gets (a name or a path)."""
     from lego.config import load_config
     from lego.pipeline.learning import learning_curve, plot_learning_curve
     from lego.pipeline.manifest import latest_run_id, load_manifest
 
-    name = os.environ.get(CONFIG_ENV, "learn")
+    name = run_config
     learn = load_config(name)
     learn_work = WorkDir.create(learn.project.work_dir)
     started = time.monotonic()

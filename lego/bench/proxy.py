@@ -22,15 +22,15 @@ and the client's p50/p90 latency. `added_p50_ms` is a target's p50 minus the dir
 is proxy over pass-through: for CPU per call, per round and then the median over rounds (the targets of a round
 run one after the other, so a slow spell of a shared machine touches both); for the added p50, of the medians (one
 round's added p50 can be near zero or below). Each configuration runs `rounds` times, targets interleaved; the other
-reported numbers are medians over rounds. Set LEGO_BENCH_PROXY_SESSIONS / _TURNS / _ROUNDS for a smaller run.
+reported numbers are medians over rounds. `lego bench proxy -o sessions=8 -o turns=2 -o rounds=3` is a smaller run.
 
 CPU time on a shared machine moves with its load (the pass-through's own CPU per call has been seen to triple
-within an hour on a busy VM), so a difference of a few percent cannot be told from it. `LEGO_BENCH_PROXY_MEASURE=
-instructions` counts instead: the pass-through and the proxy each run under valgrind's callgrind (which must be
+within an hour on a busy VM), so a difference of a few percent cannot be told from it. `-o measure=instructions`
+counts instead: the pass-through and the proxy each run under valgrind's callgrind (which must be
 installed), instrumented only while a phase's calls run, and each reports the instructions it executed per call, in
 every thread. The count is the same from run to run to within about half a percent, whatever else the machine does;
 one round is enough, latencies are not reported (valgrind slows the servers fifty-fold), and `direct` is not run.
-With LEGO_BENCH_PROXY_PROFILES=DIR as well, each phase's callgrind profile is kept in DIR as
+With `-o profiles=DIR` as well, each phase's callgrind profile is kept in DIR as
 `TARGET-SHAPE-MODE-PHASE.callgrind` (read it with `callgrind_annotate` or KCachegrind: where the instructions go).
 """
 
@@ -60,8 +60,6 @@ from lego.engine.base import GenerateResult, SamplingParams, TokenChunk
 from lego.errors import LegoError
 from lego.workdir import WorkDir
 
-SESSIONS_ENV, TURNS_ENV, ROUNDS_ENV = "LEGO_BENCH_PROXY_SESSIONS", "LEGO_BENCH_PROXY_TURNS", "LEGO_BENCH_PROXY_ROUNDS"
-MEASURE_ENV, PROFILES_ENV = "LEGO_BENCH_PROXY_MEASURE", "LEGO_BENCH_PROXY_PROFILES"
 MEASURES = ("cpu", "instructions")
 TARGETS = ("direct", "passthrough", "proxy")
 TARGET_RATIO = 2.0  # the proxy's CPU per call and added p50 on later turns, at most this times the pass-through's
@@ -587,8 +585,8 @@ class InstructionMeter:
     def __init__(self, directory: Path, keep_in: Path | None = None) -> None:
         missing = [tool for tool in self.TOOLS if shutil.which(tool) is None]
         if missing:
-            raise BenchError(f"{MEASURE_ENV}=instructions needs valgrind's callgrind ({', '.join(missing)} not "
-                             f"found): install valgrind (apt-get install valgrind) or unset {MEASURE_ENV}")
+            raise BenchError(f"measure=instructions needs valgrind's callgrind ({', '.join(missing)} not "
+                             "found): install valgrind (apt-get install valgrind) or measure cpu time (the default)")
         self.directory, self.keep_in = directory, keep_in
         python = sys.executable
         with open(python, "rb") as binary:
@@ -782,25 +780,14 @@ def run_bench(sessions: int = 64, turns: int = 4, rounds: int = 7,
             "wall_s": round(time.perf_counter() - started, 1)}
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BenchError(f"{name}={raw!r} is not a whole number; unset it or give one such as 8") from None
-    if value < 1:
-        raise BenchError(f"{name} must be at least 1, got {value}")
-    return value
-
-
 @register("proxy")
-def bench_proxy(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
-    measure = os.environ.get(MEASURE_ENV) or "cpu"
+def bench_proxy(config: LegoConfig, work: WorkDir, sessions: int = 64, turns: int = 4, rounds: int | None = None,
+                measure: str = "cpu", profiles: str | None = None) -> dict[str, Any]:
     if measure not in MEASURES:
-        raise BenchError(f"{MEASURE_ENV}={measure!r} is not a measure: use one of {', '.join(MEASURES)}, or unset it")
+        raise BenchError(f"measure={measure!r} is not a measure: use one of {', '.join(MEASURES)}")
+    for name, value in (("sessions", sessions), ("turns", turns), ("rounds", rounds)):
+        if value is not None and value < 1:
+            raise BenchError(f"{name} must be at least 1, got {value}")
     # counting instructions is deterministic: one round tells what seven would
-    return run_bench(sessions=_env_int(SESSIONS_ENV, 64), turns=_env_int(TURNS_ENV, 4),
-                     rounds=_env_int(ROUNDS_ENV, 7 if measure == "cpu" else 1), measure=measure,
-                     profiles=Path(os.environ[PROFILES_ENV]) if os.environ.get(PROFILES_ENV) else None)
+    return run_bench(sessions=sessions, turns=turns, rounds=rounds or (7 if measure == "cpu" else 1), measure=measure,
+                     profiles=Path(profiles) if profiles else None)

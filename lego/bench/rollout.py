@@ -10,7 +10,6 @@ lego.harness.install.ensure_installed).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any
 
@@ -21,7 +20,6 @@ from lego.workdir import WorkDir
 ROLLOUTS_PER_HARNESS = 2
 # A comma-separated subset of the harnesses to run (all installed ones when unset). The scorer keeps the full
 # log-softmax of each prompt in memory: Claude Code's ~25k-token prompt needs ~30 GB, more than a small machine has.
-HARNESSES_ENV = "LEGO_BENCH_HARNESSES"
 
 
 async def _bench_harness(name: str, config: LegoConfig, work: WorkDir, engine_info, base_image: str,
@@ -55,7 +53,8 @@ async def _bench_harness(name: str, config: LegoConfig, work: WorkDir, engine_in
 
 
 @register("rollout")
-def bench_rollout(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
+def bench_rollout(config: LegoConfig, work: WorkDir, harnesses: str = "") -> dict[str, Any]:
+    """`harnesses`: a comma-separated subset to run (default: every installed harness)."""
     from lego.engine.checkpoint import default_model_path, init_tiny_model
     from lego.engine.tokenizer import load_tokenizer
     from lego.engine.transformers_engine import TransformersEngine
@@ -80,10 +79,10 @@ def bench_rollout(config: LegoConfig, work: WorkDir) -> dict[str, Any]:
         with docker_engine(work.docker_root, config.docker.host, config.docker.start_private_daemon) as info:
             base_image = ensure_base_image(info.client, config.docker)
             verifier = Verifier(info.client, base_image, config.sandbox, config.verify)
-            chosen = [name.strip() for name in os.environ.get(HARNESSES_ENV, "").split(",") if name.strip()]
+            chosen = [name.strip() for name in harnesses.split(",") if name.strip()]
             for name in harness_names():
                 if chosen and name not in chosen:
-                    results["harnesses"][name] = {"skipped": f"not in ${HARNESSES_ENV}"}
+                    results["harnesses"][name] = {"skipped": "not in the harnesses option"}
                     continue
                 if not is_installed(get_harness(name), None):
                     results["harnesses"][name] = {"skipped": "not installed"}
