@@ -56,8 +56,9 @@ def success_mass_advantages(samples: Sequence[MassSample]) -> list[float]:
     segments: dict[str, list[MassSample]] = defaultdict(list)
     for sample in samples:
         segments[sample.rollout_id].append(sample)
-    # per group, per distinct trajectory: its rollouts, its log-probability and reward (of the first copy)
-    groups: dict[tuple[int, str], dict[bytes, list]] = defaultdict(dict)
+    # per group, per distinct (trajectory, reward): its rollouts, its log-probability and reward. The reward is part
+    # of the key so that a copy graded differently (a flaky test) is no copy: a rollout with reward 0 gets 0.
+    groups: dict[tuple[int, str], dict[tuple[bytes, float], list]] = defaultdict(dict)
     for rollout_id, parts in segments.items():
         parts.sort(key=lambda part: (part.thread, part.segment_index))
         trajectory = b"\x00".join(part.thread.encode() + b"\x01" + np.asarray(part.token_ids, np.int64).tobytes()
@@ -66,7 +67,7 @@ def success_mass_advantages(samples: Sequence[MassSample]) -> list[float]:
                                          * (np.asarray(part.response_mask) > 0))) for part in parts))
         reward = max(float(parts[0].reward), 0.0)
         group = groups[(parts[0].iteration, parts[0].task_id)]
-        entry = group.setdefault(trajectory, [[], logprob, reward])
+        entry = group.setdefault((trajectory, reward), [[], logprob, reward])
         entry[0].append(rollout_id)
     advantage: dict[str, float] = {}
     for group in groups.values():
