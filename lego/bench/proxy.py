@@ -337,6 +337,15 @@ def canned_answers(shape: Shape) -> tuple[bytes, list[bytes]]:
     return json.dumps(message).encode(), events
 
 
+def _post_app(handler):
+    """An aiohttp app that answers every POST with `handler` (bodies up to 64 MiB: long sessions' requests)."""
+    from aiohttp import web
+
+    application = web.Application(client_max_size=64 * 1024 * 1024)
+    application.router.add_post("/{tail:.*}", handler)
+    return application
+
+
 async def _serve(conn, make_app: Callable[[], Any], on_command: Callable[[str, Any], Any] | None = None) -> None:
     """Serve an aiohttp app on a free loopback port; answer control commands (cpu, stop, others) on `conn`."""
     from aiohttp import web
@@ -382,12 +391,7 @@ def _upstream_process(conn) -> None:
         await response.write_eof()
         return response
 
-    def app():
-        application = web.Application(client_max_size=64 * 1024 * 1024)
-        application.router.add_post("/{tail:.*}", answer)
-        return application
-
-    asyncio.run(_serve(conn, app))
+    asyncio.run(_serve(conn, lambda: _post_app(answer)))
 
 
 def _passthrough_process(conn, upstream: str) -> None:
@@ -412,12 +416,7 @@ def _passthrough_process(conn, upstream: str) -> None:
                     await response.write_eof()
                     return response
 
-            def app():
-                application = web.Application(client_max_size=64 * 1024 * 1024)
-                application.router.add_post("/{tail:.*}", forward)
-                return application
-
-            await _serve(conn, app)
+            await _serve(conn, lambda: _post_app(forward))
 
     asyncio.run(main())
 
