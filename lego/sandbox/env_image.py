@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shlex
-import socket
 import tarfile
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from docker.errors import APIError, DockerException, ImageNotFound
 
 from lego.cache import content_hash
 from lego.errors import ImageBuildError, tail
-from lego.sandbox.image import commit_build_container, remove_build_container
+from lego.sandbox.image import commit_build_container, create_build_container, remove_build_container
 from lego.tasksets.environment import EnvironmentSpec
 from lego.tasksets.packages import PackageFetchError, debian_archives, python_tag, wheelhouse
 
@@ -62,12 +60,7 @@ def ensure_env_image(client: docker.DockerClient, spec: EnvironmentSpec, source_
         return tag
     except ImageNotFound:
         pass
-    try:
-        container = client.containers.create(source_image, ["sleep", "infinity"], network_mode="none",
-                                              labels={"lego.sandbox": "build", "lego.owner_pid": str(os.getpid()),
-                                                      "lego.host": socket.gethostname()})
-    except (APIError, DockerException) as exc:
-        raise ImageBuildError(f"cannot start {source_image} to install the environment: {exc}") from exc
+    container = create_build_container(client, source_image, f"cannot start {source_image} to install the environment")
     try:
         container.start()
         stage: dict[str, Path] = {}

@@ -13,16 +13,14 @@ a Dockerfile that builds without a network (no registry is reachable from the en
 
 from __future__ import annotations
 
-import os
 import shlex
-import socket
 
 import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 
 from lego.cache import content_hash
 from lego.errors import ImageBuildError, tail
-from lego.sandbox.image import commit_build_container, remove_build_container
+from lego.sandbox.image import commit_build_container, create_build_container, remove_build_container
 from lego.tasksets.task import Task, has_harbor_environment
 
 HARBOR_ENV_REPOSITORY = "lego-harbor-env"
@@ -67,13 +65,8 @@ def harbor_sandbox_task(client: docker.DockerClient, task: Task) -> Task:
         raise ImageBuildError(
             f"Harbor task {task.instance_id}: building {env.dockerfile_dir} failed: {tail(str(exc))}. The "
             "environment must build without a network: base it on an image the engine already has") from exc
-    try:
-        container = client.containers.create(built.id, ["sleep", "infinity"], network_mode="none", user="0",
-                                              entrypoint=[], labels={"lego.sandbox": "build",
-                                                                     "lego.owner_pid": str(os.getpid()),
-                                                                     "lego.host": socket.gethostname()})
-    except (APIError, DockerException) as exc:
-        raise ImageBuildError(f"Harbor task {task.instance_id}: cannot start its environment image: {exc}") from exc
+    container = create_build_container(client, built.id, f"Harbor task {task.instance_id}: cannot start its environment "
+                                       "image", user="0", entrypoint=[])
     try:
         container.start()
         script = COMMIT_WORKDIR.format(workdir=shlex.quote(env.workdir), tag=shlex.quote(task.base_commit))

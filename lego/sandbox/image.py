@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -136,6 +137,17 @@ def ensure_base_image(client: docker.DockerClient, config: DockerConfig, console
     if not image_exists(client, tag):
         raise ImageBuildError(f"docker import reported success but {tag} is not in the engine")
     return tag
+
+
+def create_build_container(client: docker.DockerClient, image: str, failure: str, **options):
+    """A container (created, not started) that prepares an image from `image`: no network, idle until Lego execs
+    into it, labelled as a build of this process so that a reclaim after a crash finds it. A failure raises
+    ImageBuildError with `failure` in front of the engine's message."""
+    labels = {"lego.sandbox": "build", "lego.owner_pid": str(os.getpid()), "lego.host": socket.gethostname()}
+    try:
+        return client.containers.create(image, ["sleep", "infinity"], network_mode="none", labels=labels, **options)
+    except (APIError, DockerException) as exc:
+        raise ImageBuildError(f"{failure}: {exc}") from exc
 
 
 def commit_build_container(container, tag: str, labels: dict[str, str], **conf) -> None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shlex
-import socket
 import tarfile
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from lego.cache import content_hash, sha256_file
 from lego.errors import ImageBuildError, LegoError, tail
 from lego.sandbox import SNAPSHOT
 from lego.sandbox.env_image import ensure_env_image, env_image_tag
-from lego.sandbox.image import commit_build_container, remove_build_container
+from lego.sandbox.image import commit_build_container, create_build_container, remove_build_container
 from lego.tasksets.task import Task
 
 TASK_REPOSITORY = "lego-task"
@@ -127,12 +125,7 @@ def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str) 
             source_image = ensure_env_image(client, env.requires, source_image)
         except ImageBuildError as exc:
             raise ImageBuildError(f"task {task.instance_id}: its environment.requires: {exc}") from exc
-    try:
-        container = client.containers.create(source_image, ["sleep", "infinity"], network_mode="none",
-                                              labels={"lego.sandbox": "build", "lego.owner_pid": str(os.getpid()),
-                                                      "lego.host": socket.gethostname()})
-    except (APIError, DockerException) as exc:
-        raise ImageBuildError(f"task {task.instance_id}: cannot start {source_image}: {exc}") from exc
+    container = create_build_container(client, source_image, f"task {task.instance_id}: cannot start {source_image}")
     try:
         container.start()
         if env.kind == "bundle":
