@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
+from lego.data.batches import TrainingSample
 from lego.train.credit import fork_advantages, place_credit_at_forks
 
 PROMPT = [7, 7, 7]
 
 
-@dataclass
-class Sample:
-    rollout_id: str
-    task_id: str
-    thread: str
-    segment_index: int
-    token_ids: np.ndarray
-    advantage: float
-    reward: float
+def Sample(rollout_id: str, task_id: str, thread: str, segment_index: int, token_ids: np.ndarray, advantage: float,  # noqa: N802
+           reward: float) -> TrainingSample:
+    """A training sample as the trainer gets it, with what the placement does not read left plain."""
+    zeros = np.zeros(len(token_ids))
+    return TrainingSample(rollout_id, task_id, 0, segment_index, thread, token_ids, zeros.astype(np.uint8),
+                          zeros.astype(np.float32), advantage, None, reward, False, 0)
 
 
 def grpo(rewards: list[float]) -> list[float]:
@@ -28,7 +24,7 @@ def grpo(rewards: list[float]) -> list[float]:
     return list((r - r.mean()) / (r.std(ddof=1) + 1e-6))
 
 
-def group(task: str, replies: list[list[int]], rewards: list[float], thread: str = "main") -> list[Sample]:
+def group(task: str, replies: list[list[int]], rewards: list[float], thread: str = "main") -> list[TrainingSample]:
     return [Sample(f"{task}-{i}", task, thread, 0, np.array(PROMPT + reply), adv, reward)
             for i, (reply, reward, adv) in enumerate(zip(replies, rewards, grpo(rewards), strict=True))]
 
