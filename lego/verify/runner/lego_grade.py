@@ -24,9 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 RESULT_MARKER = "LEGO_GRADE_RESULT "
 HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = "lego_grade_runner"  # the package the runner's multi-file modules are loaded in (load_package_module)
 SCRATCH = "/tmp/lego-grade"
 CONFIG_CANDIDATES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 OOM_EVENTS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
@@ -41,6 +43,19 @@ def load(name: str, filename: str | None = None):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_package_module(name: str):
+    """A runner module that imports its parts relatively (defeaters.py and its defeaters_*.py), as a module of a
+    package whose only path is this directory: its parts resolve from here, never from sys.path, where the
+    repository could put a module of the same name. The package's name keeps the runner's prefix, so the guard
+    and the fingerprints treat its modules as the runner's own."""
+    package = sys.modules.get(PACKAGE)
+    if package is None:
+        package = types.ModuleType(PACKAGE)
+        package.__path__ = [HERE]
+        sys.modules[PACKAGE] = package
+    return load(f"{PACKAGE}.{name}", f"{name}.py")
 
 
 def undumpable() -> bool:
@@ -372,7 +387,8 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
 
     tamper, guard, plugin_module = ctx["tamper"], ctx["guard"], ctx["plugin_module"]
     tamper.runner_pids = {os.getpid(), os.getppid()}
-    fingerprint = guard.Fingerprint(("_pytest", "pytest", "pluggy", "iniconfig", "lego_grade"))
+    fingerprint = ctx["fingerprints"].Fingerprint(("_pytest", "pytest", "pluggy", "iniconfig", "lego_grade"),
+                                                   guard.code_of)
     graded = frozenset(spec["graded"])
     plugin, emit = plugin_module.make_plugin(channel, fingerprint, tamper, ctx["sources"], ctx["operand_ignored"],
                                              guard.keep_first, ctx["finder"], graded)
@@ -414,9 +430,10 @@ def main() -> None:
     trusted_path = [entry for entry in sys.path if entry]
     report: dict = {"version": 1, "undumpable": undumpable(), "preimport_failed": preimport_runner()}
     guard = load("lego_grade_guard")
+    fingerprints = load("lego_grade_fingerprint")
     plugin_module = load("lego_grade_plugin")
     try:
-        defeaters = load("lego_grade_defeaters", "defeaters.py")
+        defeaters = load_package_module("defeaters")
     except Exception as exc:
         defeaters = None
         report["defeaters_error"] = f"{type(exc).__name__}: {exc}"
@@ -459,7 +476,7 @@ def main() -> None:
     tamper = guard.Tamper(set(sources) | {os.path.join(repo, p) for p in spec.get("patched_files", [])},
                           lambda kind, detail: None, trusted_path, repo,
                           patched_lines=spec.get("patched_lines") or None, pristine_root=pristine)
-    ctx = {"guard": guard, "plugin_module": plugin_module, "tamper": tamper, "finder": finder, "sources": sources,
+    ctx = {"guard": guard, "fingerprints": fingerprints, "plugin_module": plugin_module, "tamper": tamper, "finder": finder, "sources": sources,
            "operand_ignored": operand_ignored}
     base_args = ["-p", "no:cacheprovider", "-rA", *sum((["-p", m] for m in report["plugins"]), []),
                  *spec.get("pytest_args", [])]

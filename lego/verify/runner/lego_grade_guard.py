@@ -81,11 +81,7 @@ WATCHED = SUSPECT_EVENTS | KILL_EVENTS | MARKING | {"open", "os.listdir", "os.sc
                                                     "sys._getframe", "object.__getattr__", "os.exec"}
 PROC_PRIVATE = ("/mem", "/fd", "/fdinfo", "/environ", "/maps")
 CODE_ATTRIBUTES = frozenset({"__code__", "__globals__", "__defaults__", "__kwdefaults__"})
-# What a standard-library class compares with: a test's expectation (a Fraction, a Decimal, a date) judges by these.
-COMPARISON_METHODS = frozenset({"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__",
-                                "__instancecheck__", "__subclasscheck__", "__bool__", "__hash__"})
 CO_OPTIMIZED = 0x0001  # a function's code (module and class bodies lack it)
-ORACLE_CLASS_PREFIXES = ("assert", "fail")  # unittest.TestCase's judging methods
 MAX_SUSPICIONS = 40  # distinct suspicions reported per process (each place once)
 MAX_DIFF_LINES = 50_000  # above this a file's changed lines are not computed: the whole file is the patch's
 # Signals whose default action does not end or stop a process.
@@ -147,7 +143,7 @@ def changed_lines(before: str, after: str) -> list[tuple[int, int]]:
     return [(j1 + 1, j2) for tag, _i1, _i2, j1, j2 in matcher.get_opcodes() if tag in ("replace", "insert")]
 
 
-def _code_of(value, depth: int = 0):
+def code_of(value, depth: int = 0):
     """The code object that runs when `value` is called (functions, methods, partials, callable objects)."""
     if depth > 4 or value is None:
         return None
@@ -157,7 +153,7 @@ def _code_of(value, depth: int = 0):
     for attribute in ("__func__", "func"):  # methods, static/class methods; functools.partial
         inner = getattr(value, attribute, None)
         if inner is not None and inner is not value:
-            return _code_of(inner, depth + 1)
+            return code_of(inner, depth + 1)
     if not isinstance(value, type) and callable(value):
         for klass in type(value).__mro__:  # a callable object of a class of Python code
             call = vars(klass).get("__call__")
@@ -330,8 +326,8 @@ class Tamper:
         with no code of its own (a builtin, a C object) stands in for none of the runner's."""
         if isinstance(value, type):
             return depth < 2 and all(self.trusted_code(member, depth + 1) for member in vars(value).values()
-                                     if _code_of(member) is not None)
-        code = _code_of(value)
+                                     if code_of(member) is not None)
+        code = code_of(value)
         if code is None:
             return not callable(value)
         filename = code.co_filename
@@ -374,7 +370,7 @@ class Tamper:
                 continue
             if not callable(value):
                 continue  # pytest_plugins and the like
-            code = _code_of(value)
+            code = code_of(value)
             if code is None:
                 return f"its {name} has no code of its own"
             if id(code) in known:
@@ -503,7 +499,7 @@ class Tamper:
                 self.codes[id(code)] = code
 
     def _runner_function(self, function) -> bool:
-        code = _code_of(function)
+        code = code_of(function)
         module = getattr(function, "__module__", None) or ""
         return module.startswith(RUNNER_MODULES) or (
             code is not None and (code.co_filename.startswith((STDLIB_DIR, self.runner_dir))
@@ -555,7 +551,7 @@ class Tamper:
 
     def value_is_patch(self, value) -> bool:
         """Whether calling `value` runs the patch's code."""
-        code = _code_of(value)
+        code = code_of(value)
         return code is not None and self.code_is_patch(code)
 
     def _hits_the_run(self, event: str, target) -> bool:
@@ -679,208 +675,3 @@ class Tamper:
                 real = getattr(module, name, None)
                 if real is not None:
                     setattr(module, name, self.wrap_thread_start(real))
-
-
-_MISSING = object()
-# Builtins a library may legitimately wrap (I/O, the import hook, interactive helpers): changes are evidence.
-BUILTINS_NOT_ORACLES = frozenset({"open", "print", "input", "breakpoint", "help", "exit", "quit", "copyright",
-                                  "credits", "license"})
-ORACLE_MODULES = frozenset({"math", "cmath", "operator"})
-# Oracles of installed packages, fingerprinted the first time they are seen loaded.
-LATE_ORACLES = {"numpy": ("isclose", "allclose", "array_equal", "array_equiv", "equal"),
-                "numpy.testing": ("assert_allclose", "assert_array_equal", "assert_array_almost_equal",
-                                  "assert_almost_equal", "assert_equal", "assert_approx_equal",
-                                  "assert_array_less", "assert_string_equal")}
-
-
-def _callables(namespace: dict) -> dict[str, object]:
-    return {name: value for name, value in namespace.items()
-            if callable(value) or isinstance(value, property | staticmethod | classmethod)}
-
-
-class Fingerprint:
-    """Identity of every callable in the runner's modules and classes, in builtins and in the standard library's
-    modules (their module-level callables), and of the test oracles (unittest.TestCase's assertions, the
-    comparison methods of the standard library's classes, numpy's comparisons once numpy is loaded).
-
-    A change to the runner's objects or to an oracle is decisive: honest code uses the test runner and the
-    comparisons a test judges with, it does not replace them. Other builtins and standard-library callables are
-    replaced by honest libraries (logging.captureWarnings sets warnings.showwarning, gevent patches socket):
-    such a change is evidence."""
-
-    def __init__(self, module_prefixes: tuple[str, ...]) -> None:
-        self.prefixes = module_prefixes
-        self.entries: dict[tuple[str, str, str], object] = {}  # keeps the originals alive: ids stay unique
-        self.classes: dict[tuple[str, str], type] = {}
-        self.oracles: set[tuple[str, str, str]] = set()
-        self.seen: set[str] = set()  # modules fingerprinted (or looked at) so far
-        import builtins
-
-        self._take("builtins", "", vars(builtins))
-        self.oracles.update(key for key in self.entries if self._oracle(key))
-        self.shared: set[str] = {"builtins"}  # modules the tests share with the code under test
-        for name, module in list(sys.modules.items()):
-            self.seen.add(name)
-            if module is None:
-                continue
-            if name.partition(".")[0] in sys.stdlib_module_names and name != "sys":
-                self._take_stdlib(name, module)
-                continue
-            if not name.startswith(module_prefixes):
-                continue
-            namespace = getattr(module, "__dict__", {})
-            self._take(name, "", namespace)
-            for attr, value in list(namespace.items()):
-                if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                    self._take(name, attr, dict(vars(value)))
-        case = sys.modules.get("unittest.case")
-        if case is not None:
-            testcase = case.TestCase
-            self.classes[("unittest.case", "TestCase")] = testcase
-            judging = {attr: value for attr, value in vars(testcase).items() if attr.startswith(ORACLE_CLASS_PREFIXES)}
-            self._take("unittest.case", "TestCase", judging)
-            self.oracles.update(("unittest.case", "TestCase", attr) for attr in judging)
-
-    def _take_stdlib(self, name: str, module) -> list[tuple[str, str, str]]:
-        """A standard-library module: its public callables (what a test computes its expectations with; the
-        modules swap private helpers themselves, e.g. warnings.catch_warnings) and its classes' comparison methods
-        (Fraction.__eq__: a class's attributes are set with no audit event). Returns the oracle keys taken."""
-        self.shared.add(name)
-        namespace = getattr(module, "__dict__", {})
-        taken = []
-        public = {attr: value for attr, value in namespace.items() if not attr.startswith("_")}
-        self._take(name, "", public)
-        taken += [(name, "", attr) for attr in _callables(public)]
-        for attr, value in list(namespace.items()):
-            if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                compares = {method: member for method, member in vars(value).items()
-                            if method in COMPARISON_METHODS and callable(member)}
-                if compares:
-                    self.classes[(name, attr)] = value
-                    self._take(name, attr, compares)
-                    taken += [(name, attr, method) for method in compares]
-        oracles = [key for key in taken if self._oracle(key)]
-        self.oracles.update(oracles)
-        return oracles
-
-    @staticmethod
-    def _oracle(key: tuple[str, str, str]) -> bool:
-        module, owner, attr = key
-        if module == "builtins":
-            return not attr.startswith("_") and attr not in BUILTINS_NOT_ORACLES
-        if owner:
-            return attr in COMPARISON_METHODS and module.partition(".")[0] in sys.stdlib_module_names
-        return module in ORACLE_MODULES
-
-    def code_ids(self) -> set[int]:
-        """The code objects of the callables fingerprinted (genuine: taken before the repository ran)."""
-        found = set()
-        for value in self.entries.values():
-            code = _code_of(value)
-            if code is not None:
-                found.add(id(code))
-        return found
-
-    def add_class(self, module: str, owner: str, cls: type) -> None:
-        """A class that lives in no module namespace (made in a factory): fingerprinted through itself."""
-        self.classes[(module, owner)] = cls
-        self._take(module, owner, dict(vars(cls)))
-
-    def replace(self, old: object, new: object) -> None:
-        """The runner itself replaced `old` by `new` (a wrapper of its own): the fingerprint follows."""
-        for key, value in list(self.entries.items()):
-            if value is old:
-                self.entries[key] = new
-
-    def take_late_oracles(self, tamper: Tamper | None = None) -> list[str]:
-        """Fingerprint the modules loaded since (the standard library's, and numpy's oracles): what the tests
-        compare with from now on. Returns the oracles already not genuine when first seen: the patch's code."""
-        found: list[tuple[str, str, str]] = []
-        for name, module in list(sys.modules.items()):
-            if name in self.seen:
-                continue
-            self.seen.add(name)
-            if module is None:
-                continue
-            if name.partition(".")[0] in sys.stdlib_module_names and name != "sys":
-                found += self._take_stdlib(name, module)
-            elif name in LATE_ORACLES:
-                namespace = getattr(module, "__dict__", {})
-                for attr in LATE_ORACLES[name]:
-                    value = namespace.get(attr, _MISSING)
-                    if value is not _MISSING and callable(value):
-                        self.entries[(name, "", attr)] = value
-                        self.oracles.add((name, "", attr))
-                        found.append((name, "", attr))
-                self.shared.add(name)
-        patch = []
-        for module, owner, attr in found:
-            code = _code_of(self.entries[(module, owner, attr)])
-            if tamper is not None and code is not None and tamper.code_is_patch(code):
-                patch.append(f"{module}:{owner + '.' if owner else ''}{attr}")
-        return patch
-
-    def replaced_oracles(self) -> list[tuple[str, object]]:
-        """The oracles not what they were now, with what is there instead (checked before each test's call)."""
-        found = []
-        for key in self.oracles:
-            current = self._current(*key)
-            if current is not self.entries.get(key) and current is not _MISSING:
-                module, owner, attr = key
-                found.append((f"{module}:{owner + '.' if owner else ''}{attr}", current))
-        return found
-
-    def _take(self, module: str, owner: str, namespace: dict) -> None:
-        for attr, value in _callables(namespace).items():
-            self.entries[(module, owner, attr)] = value
-
-    def accept_runner_changes(self, tamper: Tamper) -> None:
-        """pytest's own plugins patch pytest while it configures (legacypath does): accept replacements whose
-        code is installed runner code, so that later checks are strict."""
-        for key, value in list(self.entries.items()):
-            current = self._current(*key)
-            if current is not value and current is not _MISSING and tamper.trusted_code(current):
-                self.entries[key] = current
-
-    def _current(self, module: str, owner: str, attr: str):
-        import builtins
-
-        target = builtins if module == "builtins" else sys.modules.get(module)
-        namespace = vars(target) if target is not None else {}
-        if (module, owner) in self.classes:
-            namespace = vars(self.classes[(module, owner)])
-        elif owner:
-            cls = namespace.get(owner)
-            namespace = vars(cls) if isinstance(cls, type) else {}
-        return namespace.get(attr, _MISSING)
-
-    def changes(self, include_builtins: bool = True) -> tuple[list[str], list[str]]:
-        """(decisive, suspicious): entries no longer what they were. The runner's objects and the oracles are
-        decisive; other shared callables are evidence. Builtins and the standard library only between tests: a
-        test may monkeypatch them (pytest's monkeypatch fixture undoes it at teardown); the runner's own objects
-        never."""
-        import builtins
-
-        decisive: list[str] = []
-        suspicious: list[str] = []
-        cache: dict[tuple[str, str], dict] = {}
-        for (module, owner, attr), value in self.entries.items():
-            if not include_builtins and module in self.shared:
-                continue
-            key = (module, owner)
-            if key not in cache:
-                target = builtins if module == "builtins" else sys.modules.get(module)
-                namespace = vars(target) if target is not None else {}
-                if key in self.classes:
-                    namespace = dict(vars(self.classes[key]))
-                elif owner:
-                    cls = namespace.get(owner)
-                    namespace = dict(vars(cls)) if isinstance(cls, type) else {}
-                cache[key] = namespace
-            if cache[key].get(attr, None) is not value:
-                name = f"{module}:{owner + '.' if owner else ''}{attr}"
-                if module in self.shared and (module, owner, attr) not in self.oracles:
-                    suspicious.append(name)
-                else:
-                    decisive.append(name)
-        return decisive, suspicious

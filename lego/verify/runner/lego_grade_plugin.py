@@ -68,15 +68,72 @@ def _test_function(item):
 
 def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], operand_ignored, keep_first,
                 finder, graded: frozenset[str] = frozenset()):
-    """The plugin, with everything it needs held in closures (no attribute of it can be swapped to silence it)."""
+    """The plugin, with everything it needs held in closures (no attribute of it can be swapped to silence it).
+    The closures are made by the factories below; every cell they hold is recorded here and checked between
+    phases."""
     channel_inode = os.fstat(channel_fd).st_ino
-    pid = os.getpid()
     state = {"allowed": None, "pm": None}
     registrations: dict[int, tuple[object, bool]] = {}  # id -> (plugin, registered by code not the patch's)
     functions: dict[int, tuple[object, object]] = {}  # id(item) -> (item, the function collected for it)
     cells: list[tuple[str, object, object]] = []  # (name, closure cell, what it held when the plugin was made)
     tamper.channel_inode = channel_inode
     real_exit = tamper.real_exit
+
+    def final_check() -> None:
+        try:
+            if state["pm"] is not None and not state["pm"].is_registered(own):
+                write({"t": "tamper", "detail": "the runner's plugin was unregistered before the session ended"})
+        except Exception:
+            pass
+
+    def check_plugins(where: str) -> None:
+        pm = state["pm"]
+        allowed = state["allowed"]
+        if not pm.is_registered(own):
+            emit({"t": "tamper", "detail": f"the runner's plugin was unregistered ({where})"})
+        candidates = list(pm.get_plugins())
+        for caller in list(vars(pm.hook).values()):
+            for impl in caller.get_hookimpls() if hasattr(caller, "get_hookimpls") else []:
+                if id(impl.plugin) not in allowed and not any(p is impl.plugin for p in candidates):
+                    name = getattr(impl.function, "__name__", "hook")
+                    emit({"t": "tamper", "detail": f"a {name} implementation was added outside the plugin manager "
+                                                   f"({where})"[:300]})
+                    allowed.add(id(impl.plugin))
+        for plugin in candidates:
+            if id(plugin) in allowed:
+                continue
+            allowed.add(id(plugin))
+            if plugin is own:
+                continue
+            registered = registrations.get(id(plugin))
+            clean = registered is not None and registered[0] is plugin and registered[1]
+            why = tamper.plugin_origin(plugin, known, clean)
+            if why is not None:
+                emit({"t": "tamper", "detail": f"a plugin that is not what it claims ({where}): {plugin!r} "
+                                               f"({why})"[:400]})
+
+    write, emit = _channel(channel_fd, channel_inode, tamper, real_exit, final_check)
+    check = _check(channel_fd, channel_inode, real_exit, emit, fingerprint, tamper, cells, state, check_plugins)
+    check_item, check_module, judge_comparisons, judge_items = _judges(emit, fingerprint, tamper, finder, sources,
+                                                                       operand_ignored, functions)
+    register = _wrap_register(tamper, registrations, emit, fingerprint)
+    GradePlugin = _plugin_class(check, check_item, emit, judge_comparisons, judge_items, keep_first, finder,
+                                fingerprint, tamper, state, graded)
+    fingerprint.add_class("lego_grade_plugin", "GradePlugin", GradePlugin)
+    own = GradePlugin()
+    known = fingerprint.code_ids()
+    tamper.genuine.update(known)
+    # What the closures of the runner's functions hold: none of it is ever rebound.
+    owners = [write, emit, check_plugins, check, final_check, check_item, check_module, judge_comparisons,
+              judge_items, register, *(value for value in vars(GradePlugin).values() if callable(value))]
+    cells.extend((f"{function.__qualname__}.{variable}", cell, _cell_value(cell)) for function in owners
+                 for variable, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=False))
+    return own, emit
+
+
+def _channel(channel_fd: int, channel_inode: int, tamper, real_exit, final_check):
+    """The result channel's writers: `write` (the raw one) and `emit` (what the runner's code calls)."""
+    pid = os.getpid()
 
     def write(record: dict) -> None:
         ident = _thread.get_ident()
@@ -123,31 +180,11 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
             final_check()
         write(record)
 
-    def check_plugins(where: str) -> None:
-        pm = state["pm"]
-        allowed = state["allowed"]
-        if not pm.is_registered(own):
-            emit({"t": "tamper", "detail": f"the runner's plugin was unregistered ({where})"})
-        candidates = list(pm.get_plugins())
-        for caller in list(vars(pm.hook).values()):
-            for impl in caller.get_hookimpls() if hasattr(caller, "get_hookimpls") else []:
-                if id(impl.plugin) not in allowed and not any(p is impl.plugin for p in candidates):
-                    name = getattr(impl.function, "__name__", "hook")
-                    emit({"t": "tamper", "detail": f"a {name} implementation was added outside the plugin manager "
-                                                   f"({where})"[:300]})
-                    allowed.add(id(impl.plugin))
-        for plugin in candidates:
-            if id(plugin) in allowed:
-                continue
-            allowed.add(id(plugin))
-            if plugin is own:
-                continue
-            registered = registrations.get(id(plugin))
-            clean = registered is not None and registered[0] is plugin and registered[1]
-            why = tamper.plugin_origin(plugin, known, clean)
-            if why is not None:
-                emit({"t": "tamper", "detail": f"a plugin that is not what it claims ({where}): {plugin!r} "
-                                               f"({why})"[:400]})
+    return write, emit
+
+
+def _check(channel_fd: int, channel_inode: int, real_exit, emit, fingerprint, tamper, cells, state, check_plugins):
+    """The check between phases: the channel, the oracles and runner callables, the closures, the plugins."""
 
     def check(where: str, between_tests: bool = True) -> None:
         try:
@@ -170,12 +207,11 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
         if state["pm"] is not None:
             check_plugins(where)
 
-    def final_check() -> None:
-        try:
-            if state["pm"] is not None and not state["pm"].is_registered(own):
-                write({"t": "tamper", "detail": "the runner's plugin was unregistered before the session ended"})
-        except Exception:
-            pass
+    return check
+
+
+def _judges(emit, fingerprint, tamper, finder, sources: dict[str, str], operand_ignored, functions: dict):
+    """The checks of a test item (its runtest, function and module), and the judgements after collection."""
 
     def check_item(item, when: str) -> None:
         # An oracle replaced by the patch's own function while a test runs (put back before the next check):
@@ -233,6 +269,11 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
                 tamper.suspect(f"{item.nodeid} runs the patch's code as its test function "
                                f"({code.co_filename}:{code.co_firstlineno})")
 
+    return check_item, check_module, judge_comparisons, judge_items
+
+
+def _wrap_register(tamper, registrations: dict, emit, fingerprint):
+    """pluggy's register, replaced by one that records who registers each plugin."""
     real_register = pluggy.PluginManager.register
 
     def register(self, plugin, name=None):
@@ -259,6 +300,11 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
     pluggy.PluginManager.register = register
     fingerprint.replace(real_register, register)
 
+    return register
+
+
+def _plugin_class(check, check_item, emit, judge_comparisons, judge_items, keep_first, finder, fingerprint, tamper,
+                  state, graded: frozenset[str]):
     class GradePlugin:
         @pytest.hookimpl(trylast=True)
         def pytest_configure(self, config):
@@ -331,16 +377,7 @@ def make_plugin(channel_fd: int, fingerprint, tamper, sources: dict[str, str], o
         def pytest_sessionfinish(self, session, exitstatus):
             check("session finish")
 
-    fingerprint.add_class("lego_grade_plugin", "GradePlugin", GradePlugin)
-    own = GradePlugin()
-    known = fingerprint.code_ids()
-    tamper.genuine.update(known)
-    # What the closures of the runner's functions hold: none of it is ever rebound.
-    owners = [write, emit, check_plugins, check, final_check, check_item, check_module, judge_comparisons,
-              judge_items, register, *(value for value in vars(GradePlugin).values() if callable(value))]
-    cells.extend((f"{function.__qualname__}.{variable}", cell, _cell_value(cell)) for function in owners
-                 for variable, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=False))
-    return own, emit
+    return GradePlugin
 
 
 _EMPTY = object()
