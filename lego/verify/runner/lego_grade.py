@@ -419,6 +419,30 @@ def child(args: list[str], channel: int, log_path: str, spec: dict, ctx: dict) -
     return rc
 
 
+def patched_sources(spec: dict, repo: str, pristine: str, defeaters) -> tuple[dict[str, str], list[str]]:
+    """The patch's own Python files, read now, before any of its code can run and rewrite them, and the
+    assertion defeaters they define that the pristine files did not."""
+    sources: dict[str, str] = {}
+    static: list[str] = []
+    for relative in spec.get("patched_files", []):
+        path = os.path.join(repo, relative)
+        if not relative.endswith(".py") or not os.path.isfile(path) or os.path.islink(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            sources[path] = handle.read()
+        if defeaters is not None:
+            # What the pristine file already defined is the repository's own (a wildcard it always had), not the patch's.
+            before = set()
+            pristine_path = os.path.join(pristine, relative)
+            if os.path.isfile(pristine_path) and not os.path.islink(pristine_path):
+                with open(pristine_path, encoding="utf-8", errors="replace") as handle:
+                    before = {(f.kind, f.detail) for f in defeaters.defeaters_in_source(pristine_path, handle.read())}
+            for finding in defeaters.defeaters_in_source(path, sources[path]):
+                if (finding.kind, finding.detail) not in before:
+                    static.append(f"{finding.path}:{finding.line}: {finding.kind}: {finding.detail}")
+    return sources, static
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -442,25 +466,7 @@ def main() -> None:
     report["config"] = {"pristine": config_view(pristine, test_args, spec.get("config_overlay_patch")),
                         "graded": config_view(repo, test_args)}
     report["plugins"] = plugin_modules()
-    # The patch's own files, read now, before any of its code can run and rewrite them.
-    sources: dict[str, str] = {}
-    static: list[str] = []
-    for relative in spec.get("patched_files", []):
-        path = os.path.join(repo, relative)
-        if not relative.endswith(".py") or not os.path.isfile(path) or os.path.islink(path):
-            continue
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            sources[path] = handle.read()
-        if defeaters is not None:
-            # What the pristine file already defined is the repository's own (a wildcard it always had), not the patch's.
-            before = set()
-            pristine_path = os.path.join(pristine, relative)
-            if os.path.isfile(pristine_path) and not os.path.islink(pristine_path):
-                with open(pristine_path, encoding="utf-8", errors="replace") as handle:
-                    before = {(f.kind, f.detail) for f in defeaters.defeaters_in_source(pristine_path, handle.read())}
-            for finding in defeaters.defeaters_in_source(path, sources[path]):
-                if (finding.kind, finding.detail) not in before:
-                    static.append(f"{finding.path}:{finding.line}: {finding.kind}: {finding.detail}")
+    sources, static = patched_sources(spec, repo, pristine, defeaters)
     report["static_defeaters"] = static
 
     def operand_ignored(source: str, line: int, name: str, method: str):
