@@ -10,4 +10,4 @@ test:
 	bash scripts/test.sh
 
 lint:
-	.venv/bin/ruff check lego lego_cli flows tasks tests
+	.venv/bin/ruff check lego lego_cli flows tests

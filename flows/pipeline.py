@@ -1,5 +1,8 @@
-"""The pipeline flow: tasks -> filter (optional) -> per iteration: rollout -> verify -> dataset -> train ->
-every k: evaluate. And `stage_flow`: one stage on top of an earlier run's artifacts."""
+"""The pipeline flow: taskset -> warmstart, filter, baseline (each optional) -> per iteration: rollout -> verify ->
+dataset -> train -> every k: evaluate. And `stage_flow`: one stage on top of an earlier run's artifacts.
+
+Each stage is one Prefect task (flows/stages.py) calling its lego.pipeline function; rollout is a subflow because
+its shards fan out over the task runner."""
 
 from __future__ import annotations
 
@@ -7,14 +10,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.dataset import dataset_flow
-from flows.evaluate import baseline_flow, evaluate_flow
-from flows.filter import filter_flow
+from flows import stages
 from flows.rollout import rollout_flow_for
-from flows.taskset import taskset_flow
-from flows.train import train_flow
-from flows.verify import verify_flow
-from flows.warmstart import warmstart_flow
 from lego.errors import LegoError
 from lego.pipeline.pipeline_run import ITERATED, STAGES, PipelineRun
 
@@ -31,22 +28,22 @@ def _open(config: str, overrides: list[str] | None, **kwargs) -> PipelineRun:
 def run_stages(run: PipelineRun) -> None:
     config = run.config
     run_id = run.run_id
-    taskset_flow(run_id)
+    stages.taskset(run_id)
     if config.warmstart.enabled:
-        warmstart_flow(run_id)
+        stages.warmstart(run_id)
     if config.filter.enabled:
-        filter_flow(run_id)
+        stages.filter_by_difficulty(run_id)
     if config.eval.at_start:
-        baseline_flow(run_id)
+        stages.baseline(run_id)
     rollout = rollout_flow_for(config)
     last = config.pipeline.iterations - 1
     for iteration in range(config.pipeline.iterations):
         rollout(run_id, iteration)
-        verify_flow(run_id, iteration)
-        dataset_flow(run_id, iteration)
-        train_flow(run_id, iteration)
+        stages.verify(run_id, iteration)
+        stages.dataset(run_id, iteration)
+        stages.train(run_id, iteration)
         if (iteration + 1) % config.eval.every == 0 or iteration == last:
-            evaluate_flow(run_id, iteration)
+            stages.evaluate(run_id, iteration)
 
 
 def summarize(run: PipelineRun) -> dict[str, Any]:
@@ -77,8 +74,9 @@ def pipeline_flow(config: str = "default", overrides: list[str] | None = None, r
     return _finish(run, lambda: run_stages(run))
 
 
-STAGE_FLOWS = {"taskset": taskset_flow, "warmstart": warmstart_flow, "filter": filter_flow, "verify": verify_flow, "dataset": dataset_flow,
-               "train": train_flow, "evaluate": evaluate_flow, "baseline": baseline_flow}
+STAGE_TASKS = {"taskset": stages.taskset, "warmstart": stages.warmstart, "filter": stages.filter_by_difficulty,
+               "baseline": stages.baseline, "verify": stages.verify, "dataset": stages.dataset, "train": stages.train,
+               "evaluate": stages.evaluate}
 
 
 @flow(name="lego-stage")
@@ -93,9 +91,9 @@ def stage_flow(stage: str, config: str = "default", overrides: list[str] | None 
         if stage == "rollout":
             rollout_flow_for(run.config)(run.run_id, iteration)
         elif stage in ITERATED:
-            STAGE_FLOWS[stage](run.run_id, iteration)
+            STAGE_TASKS[stage](run.run_id, iteration)
         else:
-            STAGE_FLOWS[stage](run.run_id)
+            STAGE_TASKS[stage](run.run_id)
 
     summary = _finish(run, body)
     label = stage if stage not in ITERATED else f"{stage}/{iteration}"

@@ -1,25 +1,25 @@
 from prefect import flow
 from prefect.futures import wait
 
+from flows import stages
 from flows.task_runner import make_task_runner
 from lego.pipeline.artifacts import StageResult
 from lego.pipeline.pipeline_run import get_run
 from lego.pipeline.rollout_stage import shard
-from tasks.stages import rollout_finish_task, rollout_plan_task, rollout_shard_task
 
 
 @flow(name="lego-stage-rollout")
 def rollout_flow(run_id: str, iteration: int = 0) -> StageResult:
     run = get_run(run_id)
-    plan = rollout_plan_task(run_id, iteration)
+    plan = stages.rollout_plan(run_id, iteration)
     if plan.cached is None and plan.pending:
         config_json = run.config.model_dump_json()
-        futures = [rollout_shard_task.submit(config_json, str(run.work.root), run_id, plan, part)
+        futures = [stages.rollout_shard.submit(config_json, str(run.work.root), run_id, plan, part)
                    for part in shard(plan.pending, run.config.pipeline.rollout_shards)]
         run.follow_rollouts(plan, lambda timeout: not wait(futures, timeout=timeout).not_done)
         for future in futures:
             future.result()
-    return rollout_finish_task(run_id, plan)
+    return stages.rollout_finish(run_id, plan)
 
 
 def rollout_flow_for(config):

@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh -c test || exit 1
-.venv/bin/ruff check lego lego_cli flows tasks tests || exit 1
+.venv/bin/ruff check lego lego_cli flows tests || exit 1
 WORKERS=${LEGO_TEST_WORKERS:-3}
 parallel=()
 if [ "$WORKERS" -gt 1 ]; then

@@ -31,8 +31,8 @@ def rollout_stage_on_ray(overrides: list[str]) -> dict:
     """The taskset stage, then the rollout stage with its flow on the configured (Ray) task runner."""
     from prefect import flow
 
+    from flows import stages
     from flows.rollout import rollout_flow_for
-    from flows.taskset import taskset_flow
     from lego.config import load_config
     from lego.pipeline.pipeline_run import PipelineRun
     from lego.workdir import WorkDir
@@ -41,7 +41,7 @@ def rollout_stage_on_ray(overrides: list[str]) -> dict:
     def stage() -> dict:
         config = load_config(str(CONFIGS_DIR / "test.yaml"), overrides)
         run = PipelineRun(config, WorkDir.create(config.project.work_dir))
-        taskset_flow(run.run_id)
+        stages.taskset(run.run_id)
         result = rollout_flow_for(config)(run.run_id, 0)
         run.finish("completed", {})
         return {"data_run_id": result.data["data_run_id"], "metrics": result.metrics}

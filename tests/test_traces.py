@@ -189,7 +189,7 @@ def test_traces_off_writes_none(tmp_path):
 
 
 def run_rollout_and_verify(config, work, run_id: str, force: bool = False):
-    """The rollout and verify stages of iteration 0 as the flows run them (tasks/stages.py), without Prefect."""
+    """The rollout and verify stages of iteration 0 as the flows run them (flows/stages.py), without Prefect."""
     from lego.pipeline.artifacts import StageResult
     from lego.pipeline.attempts import execute_requests
     from lego.pipeline.pipeline_run import PipelineRun

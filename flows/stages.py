@@ -1,4 +1,10 @@
-"""One Prefect task per stage (rollout has plan / shard / finish: shards fan out over the task runner)."""
+"""One Prefect task per stage, each calling its lego.pipeline function and recording the result in the run.
+
+A flow calls these directly (flow -> stage task -> lego.pipeline); rollout has three (plan / shard / finish) because
+its shards fan out over the task runner (flows/rollout.py). Caching is Lego's own (artifacts keyed by a content
+hash, lego.pipeline.keys), so every task uses Prefect's NO_CACHE: a Prefect cache entry whose artifact was deleted
+must not count.
+"""
 
 from __future__ import annotations
 
@@ -26,38 +32,38 @@ from lego.workdir import WorkDir
 
 
 @task(name="taskset", cache_policy=NO_CACHE)
-def taskset_task(run_id: str) -> StageResult:
+def taskset(run_id: str) -> StageResult:
     run = get_run(run_id)
     return run.record(run_taskset_stage(run.ctx))
 
 
 @task(name="warmstart", cache_policy=NO_CACHE)
-def warmstart_task(run_id: str) -> StageResult:
+def warmstart(run_id: str) -> StageResult:
     run = get_run(run_id)
     return run.record(run_warmstart_stage(run.ctx, run.result("taskset"), run.initial_policy()))
 
 
 @task(name="baseline", cache_policy=NO_CACHE)
-def baseline_task(run_id: str) -> StageResult:
+def baseline(run_id: str) -> StageResult:
     """Evaluates the policy RL starts from (iteration 0 samples from it)."""
     run = get_run(run_id)
     return run.record(run_baseline_stage(run.ctx, run.result("taskset"), run.policy(0)))
 
 
 @task(name="filter", cache_policy=NO_CACHE)
-def filter_task(run_id: str) -> StageResult:
+def filter_by_difficulty(run_id: str) -> StageResult:
     run = get_run(run_id)
     return run.record(run_filter_stage(run.ctx, run.result("taskset"), run.policy(0)))
 
 
 @task(name="rollout-plan", cache_policy=NO_CACHE)
-def rollout_plan_task(run_id: str, iteration: int) -> RolloutPlan:
+def rollout_plan(run_id: str, iteration: int) -> RolloutPlan:
     run = get_run(run_id)
     return plan_rollouts(run.ctx, run.task_list(), run.policy(iteration), iteration)
 
 
 @task(name="rollout-shard", cache_policy=NO_CACHE)
-def rollout_shard_task(config_json: str, work_root: str, run_id: str, plan: RolloutPlan,
+def rollout_shard(config_json: str, work_root: str, run_id: str, plan: RolloutPlan,
                        requests: list[RolloutRequest]) -> int:
     """Self-contained (no run lookup) so that it can run in another process (Ray)."""
     config = LegoConfig.model_validate_json(config_json)
@@ -72,32 +78,32 @@ def rollout_shard_task(config_json: str, work_root: str, run_id: str, plan: Roll
 
 
 @task(name="rollout-finish", cache_policy=NO_CACHE)
-def rollout_finish_task(run_id: str, plan: RolloutPlan) -> StageResult:
+def rollout_finish(run_id: str, plan: RolloutPlan) -> StageResult:
     run = get_run(run_id)
     return run.record(finish_rollouts(run.ctx, plan))
 
 
 @task(name="verify", cache_policy=NO_CACHE)
-def verify_task(run_id: str, iteration: int) -> StageResult:
+def verify(run_id: str, iteration: int) -> StageResult:
     run = get_run(run_id)
     return run.record(run_verify_stage(run.ctx, run.result("rollout", iteration), run.task_list()))
 
 
 @task(name="dataset", cache_policy=NO_CACHE)
-def dataset_task(run_id: str, iteration: int) -> StageResult:
+def dataset(run_id: str, iteration: int) -> StageResult:
     run = get_run(run_id)
     return run.record(run_dataset_stage(run.ctx, run.result("verify", iteration)))
 
 
 @task(name="train", cache_policy=NO_CACHE)
-def train_task(run_id: str, iteration: int) -> StageResult:
+def train(run_id: str, iteration: int) -> StageResult:
     run = get_run(run_id)
     return run.record(run_train_stage(run.ctx, run.result("dataset", iteration),
                                           run.policy(iteration)))
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate_task(run_id: str, iteration: int) -> StageResult:
+def evaluate(run_id: str, iteration: int) -> StageResult:
     """Evaluates the policy produced by iteration `iteration`'s train stage."""
     run = get_run(run_id)
     return run.record(run_evaluate_stage(run.ctx, run.result("taskset"), run.policy(iteration + 1),
