@@ -156,28 +156,59 @@ def run(
                                                                 "served from their artifacts).")] = None,
     force: Annotated[bool, typer.Option(help="Recompute every stage, ignoring cached artifacts.")] = False,
 ) -> None:
-    """Run the whole pipeline (filter, rollout, verify, dataset, train, evaluate) for N iterations."""
+    """Run the whole pipeline (warm start, rollout, verify, dataset, train, evaluate) for N iterations.
+
+    The terminal gets a line per stage and the summary; the full log is the run's run.log."""
     import contextlib
+    import time
 
     from lego.config import _resolve_config_path
+    from lego.pipeline.manifest import new_run_id
+    from lego.pipeline.pipeline_run import RUN_LOGGER
     from lego.pipeline.prefect_env import configure_prefect_env
+    from lego.pipeline.progress import show_progress_on
+    from lego.pipeline.report import RUN_LOG
+    from lego_cli.run_output import run_output
 
     cfg, work = _load(config, overrides)
     configure_prefect_env(work)
-    console.print(f"[bold]lego run[/] work dir {work.root}")
-    with contextlib.ExitStack() as stack:
-        if cfg.pipeline.runner is None:
-            stack.enter_context(_embedded_setup(cfg, work))
-        from flows.pipeline import pipeline_flow
+    run_id = resume or new_run_id()
+    log_path = work.root / "runs" / run_id / RUN_LOG
+    started = time.monotonic()
+    with run_output(log_path, RUN_LOGGER) as out:
+        out.echo(f"lego run {run_id} (config {config}; work dir {work.root})")
+        out.echo(f"full log: {log_path}")
+        show_progress_on(out.terminal)
+        try:
+            with contextlib.ExitStack() as stack:
+                if cfg.pipeline.runner is None:
+                    stack.enter_context(_embedded_setup(cfg, work, out))
+                from flows.pipeline import pipeline_flow
 
-        summary = pipeline_flow(config=str(_resolve_config_path(config)), overrides=list(overrides or []),
-                                run_id=resume, resume=bool(resume), force=force)
-    _print_run_summary(cfg, work, summary)
+                summary = pipeline_flow(config=str(_resolve_config_path(config)), overrides=list(overrides or []),
+                                        run_id=run_id, resume=bool(resume), force=force)
+            from lego_cli.run_summary import print_run_summary
+
+            print_run_summary(cfg, work, summary, out, _cli_args(config, overrides), time.monotonic() - started)
+        except BaseException as exc:
+            out.echo(f"run {run_id} stopped: {type(exc).__name__}: {exc}")
+            out.echo(f"the full log: {log_path}")
+            raise
+        finally:
+            show_progress_on(None)
 
 
-def _embedded_setup(cfg, work):
-    """Docker engine (kept up for the whole run), sandbox base image, tokenizer, tiny policy if missing."""
+def _cli_args(config: str, overrides: list[str] | None) -> list[str]:
+    """What another command needs to find this run: the config, and the overrides of where its work dir is."""
+    args = [] if config == "default" else ["-c", config]
+    return args + [item for item in overrides or [] if item.startswith("project.")]
+
+
+def _embedded_setup(cfg, work, out=None):
+    """Docker engine (kept up for the whole run), sandbox base image, tokenizer, tiny policy if missing.
+    `out`: a run's output (one line for the set-up); else each part is printed as it is ready."""
     import contextlib
+    import time
 
     from lego.engine.checkpoint import default_model_path, init_tiny_model
     from lego.engine.tokenizer import ensure_tokenizer
@@ -186,63 +217,24 @@ def _embedded_setup(cfg, work):
 
     @contextlib.contextmanager
     def context():
-        console.print(f"[green]tokenizer[/] {ensure_tokenizer()}")
+        started = time.monotonic()
+        terminal = out.terminal if out is not None else console
+        tokenizer = ensure_tokenizer()
         with docker_engine(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon) as engine:
-            console.print(f"[green]docker[/] {engine.base_url}")
-            console.print(f"[green]base image[/] {ensure_base_image(engine.client, cfg.docker, console)}")
+            image = ensure_base_image(engine.client, cfg.docker, terminal)
+            policy = None
             if cfg.model.path is None:
-                console.print(f"[green]policy[/] {init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)}")
+                policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)
+            parts = [f"Docker engine {engine.base_url}", f"base image {image}", f"tokenizer {tokenizer}"]
+            parts += [f"policy {policy}"] if policy is not None else []
+            if out is not None:
+                out.echo(f"{'set-up':<12} {', '.join(parts)}  ({time.monotonic() - started:.1f} s)")
+            else:
+                for part in parts:
+                    console.print(f"[green]ready[/] {escape(part)}")
             yield engine
 
     return context()
-
-
-def _print_run_summary(cfg, work, summary: dict) -> None:
-    from lego.evaluate.compare import compare_runs
-    from lego.track.tracker import Tracker
-
-    out = Console()
-    table = Table(title=f"run {summary['run_id']}")
-    for column in ("stage", "result", "seconds", "artifact"):
-        table.add_column(column, overflow="fold")
-    for label, info in summary["stages"].items():
-        table.add_row(label, "[cyan]cached[/]" if info["cached"] else "[green]computed[/]",
-                      f"{info['seconds']:.1f}", escape(info["path"]))
-    out.print(table)
-    from lego.pipeline.manifest import load_manifest
-
-    for label, result in load_manifest(work, summary["run_id"]).stages.items():
-        if result.stage == "train":
-            metrics = result.metrics
-            out.print(f"{label}: {int(metrics.get('groups_with_signal', 0))} of {int(metrics.get('groups', 0))} GRPO "
-                      "groups had signal" + ("" if metrics.get("trained") else "; no update (the policy keeps its "
-                                                                                   "version)"))
-    for label, metrics in summary.get("evaluations", {}).items():
-        if metrics.get("coverage_short"):  # no rate: too few of its planned attempts were graded (eval.min_coverage)
-            out.print(f"{label}: coverage short: {int(metrics.get('attempts', 0))} of {int(metrics.get('planned', 0))} "
-                      f"planned attempts graded, infra errors {int(metrics.get('infra_errors', 0))}; no resolved rate")
-            continue
-        rate = metrics.get("resolved_rate")
-        out.print(f"{label}: resolved {int(metrics.get('resolved', 0))}/{int(metrics.get('attempts', 0))}"
-                  + (f" = {rate:.1%}" if rate is not None else "")
-                  + f" [{metrics.get('resolved_low', 0):.1%}, {metrics.get('resolved_high', 1):.1%}]"
-                  + f", infra errors {int(metrics.get('infra_errors', 0))}")
-    taskset = next((result for result in load_manifest(work, summary["run_id"]).stages.values()
-                    if result.stage == "taskset"), None)
-    if taskset is not None:  # a run that graded foreign Harbor tasks: the trust boundary left, in one line
-        from lego.pipeline.taskset_stage import read_tasks
-        from lego.verify.harbor_grading import harbor_trust_note
-
-        paths = [Path(taskset.outputs[name]) for name in ("train_tasks", "eval_tasks") if name in taskset.outputs]
-        note = harbor_trust_note([task for path in paths if path.is_file() for task in read_tasks(path)])
-        if note:
-            out.print(escape(note))
-    tracker = Tracker(cfg, work)
-    compared = compare_runs(tracker, work.root / "reports" / summary["run_id"], run_ids=[summary["run_id"]],
-                            confidence=cfg.eval.confidence)
-    out.print(f"work dir:   {work.root}\nmanifest:   {work.root / 'runs' / summary['run_id'] / 'manifest.json'}\n"
-              f"data:       {work.data} (lego data show)\nMLflow:     {tracker.uri} (lego server for the UI)\n"
-              f"plot:       {compared['png']}\nreport:     {compared['html']}")
 
 
 @app.command()

@@ -7,6 +7,7 @@ NAME --from RUN` opens a run whose manifest holds RUN's results and reruns one s
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,12 +21,16 @@ from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.manifest import RunManifest, load_manifest, new_run_id, save_manifest
 from lego.pipeline.policy import Policy
 from lego.pipeline.progress import RunProgress, StoredRollouts, follow
+from lego.pipeline.report import stage_line
 from lego.pipeline.rollout_stage import RolloutPlan
 from lego.pipeline.runners import load_runner
 from lego.workdir import WorkDir
 
 STAGES = ("taskset", "warmstart", "filter", "baseline", "rollout", "verify", "dataset", "train", "evaluate")
 ITERATED = ("rollout", "verify", "dataset", "train", "evaluate")
+# A line per finished stage, for a person (lego.pipeline.report.stage_line): `lego run` shows this logger's lines on
+# the terminal, where the run's own log lines (`log`) are out of sight.
+RUN_LOGGER = "lego.run"
 
 _runs: dict[str, PipelineRun] = {}
 
@@ -139,6 +144,7 @@ class PipelineRun:
                               data=result.data, stage_run=stage_run, pipeline_run=self.manifest.mlflow_run_id)
         state = "cached" if result.cached else f"{result.seconds:.1f}s"
         self.log(f"{result.label()}: done ({state}) -> {result.path}")
+        logging.getLogger(RUN_LOGGER).info(stage_line(result))
         return result
 
     def _track(self, result: StageResult) -> str:

@@ -33,6 +33,17 @@ LINE_FRACTION = 0.1  # a line each time this share of the step is done
 LINE_EVERY_S = 30.0  # ... or after this long with something new
 POLL_S = 2.0  # how often the rollout stage's stored rollouts are counted
 
+_terminal: list[Console] = []  # where runs of this process draw their bars (show_progress_on)
+
+
+def show_progress_on(console: Console | None) -> None:
+    """Draw the bars of runs started in this process on `console` (`lego run` passes the person's terminal while
+    its own stdout goes to the run's log; a console that is no terminal gets no bars: lines go to the run's log).
+    None: back to stdout."""
+    _terminal.clear()
+    if console is not None:
+        _terminal.append(console)
+
 
 def progress_line(label: str, done: int, total: int, verb: str, counts: Mapping[str, int]) -> str:
     text = f"{label}: {done}/{total} {verb}"
@@ -109,6 +120,11 @@ class RunProgress:
                  every_fraction: float = LINE_FRACTION, every_s: float = LINE_EVERY_S,
                  clock: Callable[[], float] = time.monotonic, console: Console | None = None) -> None:
         self.log = log
+        # `show_progress_on`'s terminal is not this process's stdout (that goes to the run's log): its bars leave
+        # sys.stdout and sys.stderr alone. Otherwise rich prints what they get above the bars.
+        on_terminal = console is None and bool(_terminal)
+        self.redirect = not on_terminal
+        console = _terminal[0] if on_terminal else console
         self.live = (console.is_terminal if console is not None else sys.stdout.isatty()) if live is None else live
         self.console = console  # where the bars go (rich's default: stdout)
         self.every_fraction = every_fraction
@@ -129,9 +145,10 @@ class RunProgress:
             if self._bars is None:
                 self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[verb]}"), TimeElapsedColumn(),
-                                      TextColumn("{task.fields[counts]}"), console=self.console)
+                                      TextColumn("{task.fields[counts]}"), console=self.console,
+                                      redirect_stdout=self.redirect, redirect_stderr=self.redirect)
                 self._bars.start()
-                self._rerouted = _route_log_handlers_above_bars()
+                self._rerouted = _route_log_handlers_above_bars() if self.redirect else []
             return self._bars.add_task(step.label, total=step.total, completed=step.done, verb=step.verb,
                                        counts=_counts_text(step.counts))
 
