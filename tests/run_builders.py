@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lego import records
 from lego.config import LegoConfig, load_config
 from lego.data.codec import EvalResult, TrainStep
 from lego.data.writer import DatasetWriter
@@ -22,18 +23,10 @@ from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.diagnosis import TOOL_CALL_TOKEN, TURN_START_TOKEN
 from lego.pipeline.manifest import RunManifest, save_manifest
 from lego.pipeline.verify_stage import outcome_metrics
-from lego.records import (
-    LLMCall,
-    Outcome,
-    OutcomeKind,
-    Segment,
-    SegmentReason,
-    TerminationReason,
-    Trajectory,
-)
 from lego.workdir import WorkDir
 
-R, U, C, INFRA = OutcomeKind.resolved, OutcomeKind.unresolved, OutcomeKind.cheat, OutcomeKind.infra_error
+Kind = records.OutcomeKind
+R, U, C, INFRA = Kind.resolved, Kind.unresolved, Kind.cheat, Kind.infra_error
 MIXED = [R, U, R, U]  # a GRPO group with reward variance
 TASKS = ("task-a", "task-b", "task-c")
 EVAL_TASKS = ("eval-a", "eval-b")
@@ -61,8 +54,8 @@ def routing(tokens: int, salt: int = 0) -> np.ndarray:
     return ((rows * 3 + layers * 5 + picks) % EXPERTS).astype(np.uint8)
 
 
-def segment(replies: list[bool], *, routed: bool = False, reason: SegmentReason = SegmentReason.start,
-            thread: str = "main") -> Segment:
+def segment(replies: list[bool], *, routed: bool = False,
+            reason: records.SegmentReason = records.SegmentReason.start, thread: str = "main") -> records.Segment:
     """A conversation as the proxy records it: the first prompt, then per reply its turn header (mask 0), the
     sampled reply (mask 1: a `<tool_call>` block when it calls a tool) and the tool's response (mask 0)."""
     tokens: list[int] = []
@@ -81,43 +74,44 @@ def segment(replies: list[bool], *, routed: bool = False, reason: SegmentReason 
     ids = np.asarray(tokens, dtype=np.int32)
     response = np.asarray(mask, dtype=np.uint8)
     logprobs = np.where(response == 1, -0.25, 0.0).astype(np.float32)
-    return Segment(token_ids=ids, response_mask=response, logprobs=logprobs,
-                   routed_experts=routing(len(ids)) if routed else None, reason=reason, thread=thread)
+    return records.Segment(token_ids=ids, response_mask=response, logprobs=logprobs,
+                           routed_experts=routing(len(ids)) if routed else None, reason=reason, thread=thread)
 
 
-def _call(index: int, segment_index: int, kind: str) -> LLMCall:
-    return LLMCall(call_index=index, protocol="openai_chat", started_at=1_800_000_000.0 + index, latency_s=0.2,
-                   prompt_tokens=20, completion_tokens=8, finish_reason="stop", segment_index=segment_index,
-                   kind=kind)
+def _call(index: int, segment_index: int, kind: str) -> records.LLMCall:
+    return records.LLMCall(call_index=index, protocol="openai_chat", started_at=1_800_000_000.0 + index,
+                           latency_s=0.2, prompt_tokens=20, completion_tokens=8, finish_reason="stop",
+                           segment_index=segment_index, kind=kind)
 
 
 def trajectory(rollout_id: str, task_id: str, iteration: int, sample: int, calls_tools: bool, *,
-               routed: bool = False, rewrite: bool = False, subagent: bool = False) -> Trajectory:
+               routed: bool = False, rewrite: bool = False, subagent: bool = False) -> records.Trajectory:
     """`rewrite`: the harness then rewrites its history (a second main segment); `subagent`: a sub-agent's call
     (a segment of its own thread)."""
     replies = [calls_tools, calls_tools, False]  # the last reply ends the run without a call in either case
     segments = [segment(replies, routed=routed)]
     calls = [_call(i, 0, "extend" if i else "start") for i in range(len(replies))]
     if rewrite:
-        segments.append(segment([False], routed=routed, reason=SegmentReason.rewrite))
+        segments.append(segment([False], routed=routed, reason=records.SegmentReason.rewrite))
         calls.append(_call(len(calls), len(segments) - 1, "rewrite"))
     if subagent:
-        segments.append(segment([True], routed=routed, reason=SegmentReason.subagent, thread="subagent:1"))
+        segments.append(segment([True], routed=routed, reason=records.SegmentReason.subagent, thread="subagent:1"))
         calls.append(_call(len(calls), len(segments) - 1, "subagent"))
-    return Trajectory(rollout_id=rollout_id, task_id=task_id, harness=HARNESS, policy_version=iteration,
-                      iteration=iteration, sample_index=sample, segments=segments, calls=calls,
-                      termination=TerminationReason.completed, harness_log=f"harness log of {rollout_id}")
+    return records.Trajectory(rollout_id=rollout_id, task_id=task_id, harness=HARNESS, policy_version=iteration,
+                              iteration=iteration, sample_index=sample, segments=segments, calls=calls,
+                              termination=records.TerminationReason.completed,
+                              harness_log=f"harness log of {rollout_id}")
 
 
 @dataclass
 class Iteration:
     """What one RL iteration of a crafted run shows; the defaults are a healthy iteration."""
 
-    kinds: dict[str, list[OutcomeKind]] = field(default_factory=lambda: {task: MIXED for task in TASKS})
+    kinds: dict[str, list[Kind]] = field(default_factory=lambda: {task: MIXED for task in TASKS})
     tool_calls: bool = True
     pearson: float = 0.99998
     learning_rate: float = 1e-4
-    eval_kinds: list[OutcomeKind] = field(default_factory=lambda: [R, U])  # per eval task, EVAL_SAMPLES each
+    eval_kinds: list[Kind] = field(default_factory=lambda: [R, U])  # per eval task, EVAL_SAMPLES each
     evaluate: bool = True
     routed: bool = False  # segments carry routed experts (an MoE policy)
     rewrite: bool = False  # every rollout rewrites its history once
@@ -131,7 +125,7 @@ def _stage(stage: str, iteration: int | None, key: str, work: WorkDir, **fields)
 
 
 def store_rollouts(work: WorkDir, data_run_id: str, iteration: int, spec: Iteration,
-                   stage: str = "rollout") -> list[Trajectory]:
+                   stage: str = "rollout") -> list[records.Trajectory]:
     trajectories = [trajectory(f"{data_run_id}-{task}-{sample}", task, iteration, sample, spec.tool_calls,
                                routed=spec.routed, rewrite=spec.rewrite, subagent=spec.subagent)
                     for task in spec.kinds for sample in range(len(spec.kinds[task]))]
@@ -139,11 +133,11 @@ def store_rollouts(work: WorkDir, data_run_id: str, iteration: int, spec: Iterat
     return trajectories
 
 
-def grade(work: WorkDir, data_run_id: str, iteration: int, trajectories: list[Trajectory],
-          kinds: list[OutcomeKind], outcome_stage: str) -> list[Outcome]:
+def grade(work: WorkDir, data_run_id: str, iteration: int, trajectories: list[records.Trajectory],
+          kinds: list[Kind], outcome_stage: str) -> list[records.Outcome]:
     """Outcomes of `trajectories` (one kind each, in order) through the real writer."""
-    outcomes = [Outcome(t.rollout_id, t.task_id, kind, cheat_rules=["tests_modified"] if kind == C else [],
-                        test_log=f"test log of {t.rollout_id}")
+    outcomes = [records.Outcome(t.rollout_id, t.task_id, kind, cheat_rules=["tests_modified"] if kind == C else [],
+                                test_log=f"test log of {t.rollout_id}")
                 for t, kind in zip(trajectories, kinds, strict=True)]
     DatasetWriter(work, data_run_id).append_outcomes(outcomes, iteration, stage=outcome_stage)
     return outcomes

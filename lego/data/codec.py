@@ -146,12 +146,18 @@ def validate_segment(segment: Any, where: str) -> None:
     _check_str(where, "thread", segment.thread)
 
 
+def _rollout_record(record: Any, kind: type, label: str) -> str:
+    """Where a record of one rollout is, for messages, once it is of `kind` and names its rollout and task."""
+    if not isinstance(record, kind):
+        raise DataValidationError(f"expected a lego.records.{kind.__name__}, got {type(record).__name__}")
+    where = f"{label} {getattr(record, 'rollout_id', '?')!r}"
+    _check_str(where, "rollout_id", record.rollout_id)
+    _check_str(where, "task_id", record.task_id)
+    return where
+
+
 def validate_trajectory(trajectory: Any) -> None:
-    if not isinstance(trajectory, Trajectory):
-        raise DataValidationError(f"expected a lego.records.Trajectory, got {type(trajectory).__name__}")
-    where = f"trajectory {getattr(trajectory, 'rollout_id', '?')!r}"
-    _check_str(where, "rollout_id", trajectory.rollout_id)
-    _check_str(where, "task_id", trajectory.task_id)
+    where = _rollout_record(trajectory, Trajectory, "trajectory")
     _check_str(where, "harness", trajectory.harness, allow_empty=True)
     _check_int(where, "policy_version", trajectory.policy_version, 0)
     _check_int(where, "iteration", trajectory.iteration, 0)
@@ -175,11 +181,7 @@ def validate_trajectory(trajectory: Any) -> None:
 
 
 def validate_outcome(outcome: Any) -> OutcomeKind:
-    if not isinstance(outcome, Outcome):
-        raise DataValidationError(f"expected a lego.records.Outcome, got {type(outcome).__name__}")
-    where = f"outcome of rollout {getattr(outcome, 'rollout_id', '?')!r}"
-    _check_str(where, "rollout_id", outcome.rollout_id)
-    _check_str(where, "task_id", outcome.task_id)
+    where = _rollout_record(outcome, Outcome, "outcome of rollout")
     kind = _check_enum(where, "kind", outcome.kind, OutcomeKind)
     if not isinstance(outcome.cheat_rules, list) or not all(isinstance(rule, str) for rule in outcome.cheat_rules):
         raise _fail(where, "cheat_rules", f"is {outcome.cheat_rules!r}", "it must be a list of rule names")
