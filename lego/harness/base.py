@@ -126,6 +126,11 @@ def tool_call(name: str, arguments: dict) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
+def fix_reply(tool: str, arguments: dict) -> str:
+    """The gold reply that applies the fix with the harness's shell `tool`."""
+    return "I will apply the fix.\n" + tool_call(tool, arguments)
+
+
 GOLD_PATCH_FILE = "/tmp/lego-gold.patch"
 
 
@@ -180,6 +185,34 @@ def locate(context: HarnessContext, *candidates: str) -> str:
             return f"{context.runtime_dir}/{relative}"
     raise HarnessError(f"none of {', '.join(candidates)} is under {context.install_dir}; the install is "
                        f"incomplete: delete that directory and run `lego setup` again")
+
+
+def sandbox_launch(context: HarnessContext, command: str, env: dict[str, str], transcripts: list[str],
+                   files: dict[str, bytes] | None = None) -> HarnessLaunch:
+    """How a CLI harness starts inside the sandbox: the agent's home as HOME, the task prompt in PROMPT_FILE."""
+    return HarnessLaunch(command=command, env={"HOME": HARNESS_HOME, **env},
+                         files={PROMPT_FILE: context.prompt.encode(), **(files or {})}, transcripts=transcripts)
+
+
+def beside_launch(context: HarnessContext, runner: Path, name: str, settings: dict, env: dict[str, str],
+                  transcript: Path, make_dirs: tuple[str, ...] = ()) -> HarnessLaunch:
+    """How a Python harness starts beside the sandbox: its `runner`, in the install's venv, reads a JSON spec
+    naming the task, the container (acted on as the sandbox user) and the proxy session, with its own `settings`.
+    litellm must not fetch its cost map, and the proxy session on the loopback must not go through a proxy."""
+    import json
+    import shlex
+
+    spec_path = context.scratch / f"{name}-spec.json"
+    spec = {"task": context.prompt, "container_id": context.container_id, "workdir": context.workdir,
+            "api_base": context.openai_base_url, "model": MODEL_NAME, "user": context.sandbox_user, **settings}
+    env = {"DOCKER_HOST": context.docker_host, **env, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    python = context.install_dir / "venv" / "bin" / "python"
+    command = "exec " + " ".join(shlex.quote(str(part)) for part in (python, runner, spec_path))
+    if make_dirs:
+        command = f"mkdir -p {' '.join(shlex.quote(path) for path in make_dirs)} && {command}"
+    return HarnessLaunch(command=command, env=env, files={str(spec_path): json.dumps(spec).encode()},
+                         transcripts=[str(transcript)])
 
 
 def last_json_line(output: str, predicate: Callable[[dict], bool] = lambda _: True) -> dict:

@@ -11,25 +11,13 @@ The default version is what npm picks on Node 20 (2.1.197: later releases declar
 
 from __future__ import annotations
 
-from lego.harness.base import (
-    HARNESS_HOME,
-    MODEL_NAME,
-    PROMPT_FILE,
-    HarnessContext,
-    HarnessLaunch,
-    HarnessRunResult,
-    HarnessSpec,
-    action_of,
-    json_lines,
-    last_json_line,
-    locate,
-    tool_call,
-)
+from lego.harness import base
+from lego.harness.base import HARNESS_HOME, MODEL_NAME, PROMPT_FILE
 from lego.records import TerminationReason
 
 
 class ClaudeCode:
-    spec = HarnessSpec(
+    spec = base.HarnessSpec(
         name="claude-code", protocol="anthropic_messages", default_version="2.1.197", install_kind="npm",
         packages=("@anthropic-ai/claude-code@{version}",), runs="sandbox",
         prompt_via=f"`-p` argument read from {PROMPT_FILE}",
@@ -37,13 +25,12 @@ class ClaudeCode:
         transcript=f"{HARNESS_HOME}/.claude/projects/<cwd>/<session>.jsonl",
     )
 
-    def launch(self, context: HarnessContext) -> HarnessLaunch:
-        binary = locate(context, "node_modules/@anthropic-ai/claude-code-linux-x64/claude",
-                        "node_modules/@anthropic-ai/claude-code/bin/claude.exe")
+    def launch(self, context: base.HarnessContext) -> base.HarnessLaunch:
+        binary = base.locate(context, "node_modules/@anthropic-ai/claude-code-linux-x64/claude",
+                             "node_modules/@anthropic-ai/claude-code/bin/claude.exe")
         command = (f'exec {binary} -p "$(cat {PROMPT_FILE})" --output-format json --max-turns {context.max_turns} '
                    f"--dangerously-skip-permissions --model {MODEL_NAME} < /dev/null")
         env = {
-            "HOME": HARNESS_HOME,
             "IS_SANDBOX": "1",  # it is in a sandbox (needed by root for --dangerously-skip-permissions)
             "ANTHROPIC_BASE_URL": context.base_url,
             "ANTHROPIC_API_KEY": "lego",
@@ -54,11 +41,10 @@ class ClaudeCode:
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",
         }
-        return HarnessLaunch(command=command, env=env, files={PROMPT_FILE: context.prompt.encode()},
-                             transcripts=[f"{HARNESS_HOME}/.claude/projects/*/*.jsonl"])
+        return base.sandbox_launch(context, command, env, transcripts=[f"{HARNESS_HOME}/.claude/projects/*/*.jsonl"])
 
-    def termination(self, result: HarnessRunResult) -> TerminationReason:
-        final = last_json_line(result.output, lambda value: value.get("type") == "result")
+    def termination(self, result: base.HarnessRunResult) -> TerminationReason:
+        final = base.last_json_line(result.output, lambda value: value.get("type") == "result")
         subtype = final.get("subtype")
         if subtype == "error_max_turns":
             return TerminationReason.max_turns
@@ -67,18 +53,17 @@ class ClaudeCode:
         return TerminationReason.harness_crash
 
     def gold_replies(self, command: str) -> list[str]:
-        return ["I will apply the fix.\n" + tool_call("Bash", {"command": command, "description": "Apply the fix"}),
-                "The fix is applied."]
+        return [base.fix_reply("Bash", {"command": command, "description": "Apply the fix"}), "The fix is applied."]
 
-    def actions(self, result: HarnessRunResult) -> list[str]:
+    def actions(self, result: base.HarnessRunResult) -> list[str]:
         """The tool_use inputs of the session transcript's assistant entries (Bash as its command), in order."""
         found, seen = [], set()
         for text in result.transcripts.values():
-            for entry in json_lines(text):
+            for entry in base.json_lines(text):
                 message = entry.get("message") if entry.get("type") == "assistant" else None
                 content = message.get("content") if isinstance(message, dict) else None
                 for block in content if isinstance(content, list) else []:
                     if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id") not in seen:
                         seen.add(block.get("id"))
-                        found.append(action_of(block.get("name", ""), block.get("input") or {}))
+                        found.append(base.action_of(block.get("name", ""), block.get("input") or {}))
         return found

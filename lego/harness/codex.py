@@ -10,18 +10,8 @@ turn.completed | turn.failed); the session rollout JSONL under $CODEX_HOME/sessi
 
 from __future__ import annotations
 
-from lego.harness.base import (
-    HARNESS_HOME,
-    MODEL_NAME,
-    PROMPT_FILE,
-    HarnessContext,
-    HarnessLaunch,
-    HarnessRunResult,
-    HarnessSpec,
-    action_of,
-    locate,
-    tool_call,
-)
+from lego.harness import base
+from lego.harness.base import HARNESS_HOME, MODEL_NAME, PROMPT_FILE
 from lego.harness.opencode import events
 from lego.records import TerminationReason
 
@@ -55,7 +45,7 @@ wire_api = "responses"
 
 
 class Codex:
-    spec = HarnessSpec(
+    spec = base.HarnessSpec(
         name="codex", protocol="openai_responses", default_version="0.171.0", install_kind="npm",
         packages=("@openai/codex@{version}",), runs="sandbox",
         prompt_via=f"the positional prompt of `codex exec`, read from {PROMPT_FILE}",
@@ -63,27 +53,26 @@ class Codex:
         transcript=f"stdout JSONL events; {CODEX_HOME}/sessions/**/rollout-*.jsonl",
     )
 
-    def launch(self, context: HarnessContext) -> HarnessLaunch:
-        binary = locate(context, "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
-                        "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/codex/codex")
+    def launch(self, context: base.HarnessContext) -> base.HarnessLaunch:
+        vendor = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl"
+        binary = base.locate(context, f"{vendor}/bin/codex", f"{vendor}/codex/codex")
         command = (f'exec {binary} exec --json --dangerously-bypass-approvals-and-sandbox --skip-git-repo-check '
                    f'-C {context.workdir} "$(cat {PROMPT_FILE})" < /dev/null')
-        env = {"HOME": HARNESS_HOME, "CODEX_HOME": CODEX_HOME, "LEGO_API_KEY": "lego"}
-        files = {PROMPT_FILE: context.prompt.encode(),
-                 f"{CODEX_HOME}/config.toml": config_toml(context.openai_base_url).encode()}
-        return HarnessLaunch(command=command, env=env, files=files,
-                             transcripts=[f"{CODEX_HOME}/sessions/*/*/*/rollout-*.jsonl"])
+        env = {"CODEX_HOME": CODEX_HOME, "LEGO_API_KEY": "lego"}
+        files = {f"{CODEX_HOME}/config.toml": config_toml(context.openai_base_url).encode()}
+        return base.sandbox_launch(context, command, env, files=files,
+                                   transcripts=[f"{CODEX_HOME}/sessions/*/*/*/rollout-*.jsonl"])
 
-    def termination(self, result: HarnessRunResult) -> TerminationReason:
+    def termination(self, result: base.HarnessRunResult) -> TerminationReason:
         kinds = [event["type"] for event in events(result.output)]
         if result.exit_code == 0 and "turn.completed" in kinds:
             return TerminationReason.completed
         return TerminationReason.harness_crash
 
     def gold_replies(self, command: str) -> list[str]:
-        return ["I will apply the fix.\n" + tool_call("exec_command", {"cmd": command}), "The fix is applied."]
+        return [base.fix_reply("exec_command", {"cmd": command}), "The fix is applied."]
 
-    def actions(self, result: HarnessRunResult) -> list[str]:
+    def actions(self, result: base.HarnessRunResult) -> list[str]:
         """Its `command_execution` items on stdout (once each, started or completed), and other tool items
         (file changes, MCP calls, web searches) as JSON, in order."""
         items: dict[str, dict] = {}
@@ -97,5 +86,5 @@ class Codex:
             if kind == "command_execution" and isinstance(item.get("command"), str):
                 found.append(item["command"])
             elif kind in {"file_change", "mcp_tool_call", "web_search"}:
-                found.append(action_of(kind, {key: value for key, value in item.items() if key not in {"id", "type"}}))
+                found.append(base.action_of(kind, {key: value for key, value in item.items() if key not in {"id", "type"}}))
         return found

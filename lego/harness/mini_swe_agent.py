@@ -11,19 +11,9 @@ row (RepeatedFormatError: the agent's own ending, counted as completed). Its tra
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
-from lego.harness.base import (
-    MODEL_NAME,
-    HarnessContext,
-    HarnessLaunch,
-    HarnessRunResult,
-    HarnessSpec,
-    action_of,
-    parse_arguments,
-    tool_call,
-)
+from lego.harness import base
 from lego.records import TerminationReason
 
 RUNNER = Path(__file__).parent / "runners" / "mini_swe_agent_runner.py"
@@ -43,7 +33,7 @@ def result_line(output: str) -> dict:
 
 
 class MiniSweAgent:
-    spec = HarnessSpec(
+    spec = base.HarnessSpec(
         name="mini-swe-agent", protocol="openai_chat", default_version="2.4.6", install_kind="venv",
         packages=("mini-swe-agent=={version}", "docker>=7.1"), python="3.11", runs="beside",
         prompt_via="the task text in a JSON spec file, passed to DefaultAgent.run(task)",
@@ -51,27 +41,18 @@ class MiniSweAgent:
         transcript="mini's trajectory JSON (agent output_path) in the rollout's host scratch dir",
     )
 
-    def launch(self, context: HarnessContext) -> HarnessLaunch:
+    def launch(self, context: base.HarnessContext) -> base.HarnessLaunch:
         transcript = context.scratch / "mini.traj.json"
-        spec_path = context.scratch / "mini-spec.json"
-        spec = {"task": context.prompt, "container_id": context.container_id, "workdir": context.workdir,
-                "api_base": context.openai_base_url, "model": MODEL_NAME, "step_limit": context.max_turns,
-                "exec_timeout_s": context.exec_timeout_s, "output_path": str(transcript),
-                "user": context.sandbox_user}
-        python = context.install_dir / "venv" / "bin" / "python"
+        settings = {"step_limit": context.max_turns, "exec_timeout_s": context.exec_timeout_s,
+                    "output_path": str(transcript)}
         env = {
-            "DOCKER_HOST": context.docker_host,
             "MSWEA_CONFIGURED": "true",  # otherwise mini starts its interactive first-run setup
             "MSWEA_COST_TRACKING": "ignore_errors",  # an unknown model name must not fail cost tracking
             "MSWEA_GLOBAL_CONFIG_DIR": str(context.scratch / "mini-config"),
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of litellm's cost map
-            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
         }
-        return HarnessLaunch(
-            command=f"exec {shlex.quote(str(python))} {shlex.quote(str(RUNNER))} {shlex.quote(str(spec_path))}",
-            env=env, files={str(spec_path): json.dumps(spec).encode()}, transcripts=[str(transcript)])
+        return base.beside_launch(context, RUNNER, "mini", settings, env, transcript)
 
-    def termination(self, result: HarnessRunResult) -> TerminationReason:
+    def termination(self, result: base.HarnessRunResult) -> TerminationReason:
         status = result_line(result.output).get("exit_status")
         if status in COMPLETED:
             return TerminationReason.completed
@@ -80,10 +61,10 @@ class MiniSweAgent:
         return TerminationReason.harness_crash
 
     def gold_replies(self, command: str) -> list[str]:
-        return ["I will apply the fix.\n" + tool_call("bash", {"command": command}),
-                "Done; submitting.\n" + tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
+        return [base.fix_reply("bash", {"command": command}),
+                "Done; submitting.\n" + base.tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
 
-    def actions(self, result: HarnessRunResult) -> list[str]:
+    def actions(self, result: base.HarnessRunResult) -> list[str]:
         """The bash commands of the trajectory's assistant tool calls, in order."""
         found = []
         for text in result.transcripts.values():
@@ -96,5 +77,5 @@ class MiniSweAgent:
                     continue
                 for call in message.get("tool_calls") or []:
                     function = call.get("function") or {}
-                    found.append(action_of(function.get("name", ""), parse_arguments(function.get("arguments"))))
+                    found.append(base.action_of(function.get("name", ""), base.parse_arguments(function.get("arguments"))))
         return found

@@ -15,19 +15,8 @@ from __future__ import annotations
 
 import json
 
-from lego.harness.base import (
-    HARNESS_HOME,
-    MODEL_NAME,
-    PROMPT_FILE,
-    HarnessContext,
-    HarnessLaunch,
-    HarnessRunResult,
-    HarnessSpec,
-    action_of,
-    json_lines,
-    locate,
-    tool_call,
-)
+from lego.harness import base
+from lego.harness.base import HARNESS_HOME, MODEL_NAME, PROMPT_FILE
 from lego.records import TerminationReason
 
 CONFIG_FILE = f"{HARNESS_HOME}/.config/opencode/opencode.json"
@@ -35,11 +24,11 @@ CONFIG_FILE = f"{HARNESS_HOME}/.config/opencode/opencode.json"
 
 def events(output: str) -> list[dict]:
     """The typed JSON events a `--format json` / `--json` run printed."""
-    return [event for event in json_lines(output) if "type" in event]
+    return [event for event in base.json_lines(output) if "type" in event]
 
 
 class OpenCode:
-    spec = HarnessSpec(
+    spec = base.HarnessSpec(
         name="opencode", protocol="openai_chat", default_version="1.18.33", install_kind="npm",
         packages=("opencode-ai@{version}",), runs="sandbox",
         prompt_via=f"positional words after `--`, read from {PROMPT_FILE} (see the quoting quirk)",
@@ -48,7 +37,7 @@ class OpenCode:
         side_calls=2,  # the title request, and the forced text-only answer at the step limit
     )
 
-    def config(self, context: HarnessContext) -> dict:
+    def config(self, context: base.HarnessContext) -> dict:
         return {
             "$schema": "https://opencode.ai/config.json",
             "provider": {"lego": {"npm": "@ai-sdk/openai-compatible", "name": "Lego",
@@ -61,12 +50,11 @@ class OpenCode:
             "agent": {"build": {"steps": context.max_turns}},
         }
 
-    def launch(self, context: HarnessContext) -> HarnessLaunch:
-        binary = locate(context, "node_modules/opencode-linux-x64/bin/opencode",
-                        "node_modules/opencode-linux-x64-baseline/bin/opencode")
+    def launch(self, context: base.HarnessContext) -> base.HarnessLaunch:
+        binary = base.locate(context, "node_modules/opencode-linux-x64/bin/opencode",
+                             "node_modules/opencode-linux-x64-baseline/bin/opencode")
         command = f"exec {binary} run --format json --auto < {PROMPT_FILE}"
         env = {
-            "HOME": HARNESS_HOME,
             "OPENCODE_CONFIG": CONFIG_FILE,
             "OPENCODE_DISABLE_AUTOUPDATE": "1",
             "OPENCODE_DISABLE_MODELS_FETCH": "1",
@@ -74,11 +62,11 @@ class OpenCode:
             "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
             "OPENCODE_DISABLE_SHARE": "1",
         }
-        files = {PROMPT_FILE: context.prompt.encode(), CONFIG_FILE: json.dumps(self.config(context)).encode()}
-        return HarnessLaunch(command=command, env=env, files=files,
-                             transcripts=[f"{HARNESS_HOME}/.local/share/opencode/log/*.log"])
+        files = {CONFIG_FILE: json.dumps(self.config(context)).encode()}
+        return base.sandbox_launch(context, command, env, files=files,
+                                   transcripts=[f"{HARNESS_HOME}/.local/share/opencode/log/*.log"])
 
-    def termination(self, result: HarnessRunResult) -> TerminationReason:
+    def termination(self, result: base.HarnessRunResult) -> TerminationReason:
         if result.exit_code != 0:
             return TerminationReason.harness_crash
         seen = events(result.output)
@@ -92,16 +80,15 @@ class OpenCode:
 
     def gold_replies(self, command: str) -> list[str]:
         # The first call is OpenCode's title request (a side call): it gets a title.
-        return ["Title", "I will apply the fix.\n" + tool_call("bash", {"command": command,
-                                                                          "description": "Apply the fix"}),
+        return ["Title", base.fix_reply("bash", {"command": command, "description": "Apply the fix"}),
                 "The fix is applied."]
 
-    def actions(self, result: HarnessRunResult) -> list[str]:
+    def actions(self, result: base.HarnessRunResult) -> list[str]:
         """The inputs of its `tool_use` events on stdout (bash as its command), in order."""
         found = []
         for event in events(result.output):
             part = event.get("part") if event["type"] == "tool_use" else None
             if isinstance(part, dict):
                 state = part.get("state") or {}
-                found.append(action_of(part.get("tool", ""), state.get("input") or {}))
+                found.append(base.action_of(part.get("tool", ""), state.get("input") or {}))
         return found

@@ -12,28 +12,16 @@ stops it (stuck: its own ending, counted as completed), or at max_iteration_per_
 
 from __future__ import annotations
 
-import json
-import shlex
 from pathlib import Path
 
-from lego.harness.base import (
-    MODEL_NAME,
-    HarnessContext,
-    HarnessLaunch,
-    HarnessRunResult,
-    HarnessSpec,
-    action_of,
-    json_lines,
-    parse_arguments,
-    tool_call,
-)
+from lego.harness import base
 from lego.harness.mini_swe_agent import result_line
 from lego.records import TerminationReason
 
 RUNNER = Path(__file__).parent / "runners" / "openhands_runner.py"
 RUNTIME_FILES = (RUNNER, RUNNER.parent / "docker_shell.py")  # run, not imported (lego.pipeline.keys)
 class OpenHands:
-    spec = HarnessSpec(
+    spec = base.HarnessSpec(
         name="openhands", protocol="openai_chat", default_version="1.58.2", install_kind="venv",
         packages=("openhands-sdk=={version}", "openhands-tools=={version}", "docker>=7.1"), python="3.12",
         runs="beside", prompt_via="the task text in a JSON spec file, sent as the conversation's first message",
@@ -42,27 +30,18 @@ class OpenHands:
         optional=True,  # a 500 MB venv on Python 3.12, which not every machine has
     )
 
-    def launch(self, context: HarnessContext) -> HarnessLaunch:
+    def launch(self, context: base.HarnessContext) -> base.HarnessLaunch:
         transcript = context.scratch / "openhands.events.jsonl"
-        spec_path = context.scratch / "openhands-spec.json"
-        spec = {"task": context.prompt, "container_id": context.container_id, "workdir": context.workdir,
-                "api_base": context.openai_base_url, "model": MODEL_NAME, "max_iterations": context.max_turns,
-                "scratch": str(context.scratch / "openhands"), "transcript": str(transcript),
-                "user": context.sandbox_user}
-        python = context.install_dir / "venv" / "bin" / "python"
+        settings = {"max_iterations": context.max_turns, "scratch": str(context.scratch / "openhands"),
+                    "transcript": str(transcript)}
         env = {
-            "DOCKER_HOST": context.docker_host,
             "HOME": str(context.scratch / "openhands-home"),  # no user-level skills, plugins or settings
             "OPENHANDS_SUPPRESS_BANNER": "1",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of litellm's cost map
-            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
         }
-        return HarnessLaunch(
-            command=(f"mkdir -p {shlex.quote(env['HOME'])} {shlex.quote(spec['scratch'])} && "
-                     f"exec {shlex.quote(str(python))} {shlex.quote(str(RUNNER))} {shlex.quote(str(spec_path))}"),
-            env=env, files={str(spec_path): json.dumps(spec).encode()}, transcripts=[str(transcript)])
+        return base.beside_launch(context, RUNNER, "openhands", settings, env, transcript,
+                                  make_dirs=(env["HOME"], settings["scratch"]))
 
-    def termination(self, result: HarnessRunResult) -> TerminationReason:
+    def termination(self, result: base.HarnessRunResult) -> TerminationReason:
         final = result_line(result.output)
         if "MaxIterationsReached" in final.get("errors", []):
             return TerminationReason.max_turns
@@ -71,16 +50,16 @@ class OpenHands:
         return TerminationReason.harness_crash
 
     def gold_replies(self, command: str) -> list[str]:
-        return ["I will apply the fix.\n" + tool_call("terminal", {"command": command}),
-                tool_call("finish", {"message": "The fix is applied."})]
+        return [base.fix_reply("terminal", {"command": command}),
+                base.tool_call("finish", {"message": "The fix is applied."})]
 
-    def actions(self, result: HarnessRunResult) -> list[str]:
+    def actions(self, result: base.HarnessRunResult) -> list[str]:
         """The tool calls of its ActionEvents (terminal commands as themselves), in order."""
         found = []
         for text in result.transcripts.values():
-            for event in json_lines(text):
+            for event in base.json_lines(text):
                 if event.get("kind") == "ActionEvent":
                     call = event.get("tool_call") or {}
-                    found.append(action_of(event.get("tool_name") or call.get("name", ""),
-                                           parse_arguments(call.get("arguments"))))
+                    found.append(base.action_of(event.get("tool_name") or call.get("name", ""),
+                                                base.parse_arguments(call.get("arguments"))))
         return found
