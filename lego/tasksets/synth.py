@@ -253,34 +253,9 @@ def synthesize(
         if not candidates:
             raise SynthError(f"found nothing to mutate in {package}: no function bodies outside its tests")
 
-        rng = random.Random(seed)
-        kept: list[tuple[Mutation, list[str], list[str], str]] = []
-        used_functions: set[tuple[str, str]] = set()
-        for mutation in shuffled(candidates, seed):
-            if len(kept) >= max_tasks or report.candidates_tried >= max_candidates:
-                break
-            if one_per_function and (mutation.file, mutation.function) in used_functions:
-                continue
-            report.candidates_tried += 1
-            path = repo / mutation.file
-            pristine_bytes = path.read_bytes()
-            path.write_bytes(mutation.apply(pristine_bytes))
-            try:
-                mutated, log = _statuses(runner, repo, python)
-            finally:
-                path.write_bytes(pristine_bytes)
-            if len(mutated) < len(passing) / 2:
-                report.rejected.append(f"{mutation.description}: most tests did not run (import error or timeout)")
-                continue
-            fail_to_pass = sorted(t for t in passing if mutated.get(t) in ("FAILED", "ERROR"))
-            if not fail_to_pass:
-                report.undetected += 1
-                continue
-            still = [t for t in passing if mutated.get(t) == PASSED]
-            pass_to_pass = sorted(still if p2p_sample is None else rng.sample(still, min(p2p_sample, len(still))))
-            kept.append((mutation, fail_to_pass, pass_to_pass, problem_statement(package, fail_to_pass, _failure_messages(log))))
-            used_functions.add((mutation.file, mutation.function))
-
+        kept = _detected_mutations(candidates, repo, runner, python, passing, report, max_tasks=max_tasks,
+                                   max_candidates=max_candidates, seed=seed, p2p_sample=p2p_sample,
+                                   one_per_function=one_per_function)
         if not kept:
             raise SynthError(
                 f"none of {report.candidates_tried} mutations of {package} made a passing test fail; raise "
@@ -296,6 +271,44 @@ def synthesize(
             json.dumps(task.model_dump(mode="json", exclude_none=True), sort_keys=True) + "\n" for task in report.tasks
         ))
         return report
+
+
+def _detected_mutations(candidates: list[Mutation], repo: Path, runner: TestRunner, python: str | None,
+                        passing: list[str], report: SynthReport, *, max_tasks: int, max_candidates: int, seed: int,
+                        p2p_sample: int | None, one_per_function: bool
+                        ) -> list[tuple[Mutation, list[str], list[str], str]]:
+    """The mutations, tried in a seeded order, that make a passing test fail while most of the suite still runs,
+    each with its FAIL_TO_PASS, PASS_TO_PASS and problem statement; `report` counts what was tried and why the
+    others were left."""
+    rng = random.Random(seed)
+    kept: list[tuple[Mutation, list[str], list[str], str]] = []
+    used_functions: set[tuple[str, str]] = set()
+    for mutation in shuffled(candidates, seed):
+        if len(kept) >= max_tasks or report.candidates_tried >= max_candidates:
+            break
+        if one_per_function and (mutation.file, mutation.function) in used_functions:
+            continue
+        report.candidates_tried += 1
+        path = repo / mutation.file
+        pristine_bytes = path.read_bytes()
+        path.write_bytes(mutation.apply(pristine_bytes))
+        try:
+            mutated, log = _statuses(runner, repo, python)
+        finally:
+            path.write_bytes(pristine_bytes)
+        if len(mutated) < len(passing) / 2:
+            report.rejected.append(f"{mutation.description}: most tests did not run (import error or timeout)")
+            continue
+        fail_to_pass = sorted(t for t in passing if mutated.get(t) in ("FAILED", "ERROR"))
+        if not fail_to_pass:
+            report.undetected += 1
+            continue
+        still = [t for t in passing if mutated.get(t) == PASSED]
+        pass_to_pass = sorted(still if p2p_sample is None else rng.sample(still, min(p2p_sample, len(still))))
+        statement = problem_statement(report.package, fail_to_pass, _failure_messages(log))
+        kept.append((mutation, fail_to_pass, pass_to_pass, statement))
+        used_functions.add((mutation.file, mutation.function))
+    return kept
 
 
 def _safe(name: str) -> str:

@@ -304,17 +304,11 @@ class _Flow:
 
     # -- expressions
 
-    def eval(self, node, env) -> _AV:  # noqa: C901 - one dispatch over expression types
+    def eval(self, node, env) -> _AV:
         if isinstance(node, ast.Constant):
             return _AV(const=node.value) if isinstance(node.value, _CONST_TYPES) else _AV(truth=_truth_of(node.value))
         if isinstance(node, ast.Name):
-            if node.id in env:
-                return env[node.id]
-            if node.id in self.module.consts:
-                return _AV(const=self.module.consts[node.id])
-            if node.id == "NotImplemented" and node.id not in self.module.bound:
-                return _AV(const=NotImplemented)
-            return _AV()
+            return self.name(node, env)
         if isinstance(node, ast.Attribute):
             key = _dotted(node)
             if key is not None and key in env:
@@ -322,16 +316,7 @@ class _Flow:
             base = self.eval(node.value, env).deps
             return _AV(_type_of(base) if node.attr == "__class__" else base)
         if isinstance(node, ast.Subscript):
-            picked = self.literal_item(node, env)
-            if picked is not None:
-                return picked
-            base = self.eval(node.value, env)
-            if base.vararg is not None:
-                index = node.slice
-                if isinstance(index, ast.Constant) and type(index.value) is int:
-                    return _AV() if base.vararg + index.value == 0 else _AV({OP})
-                return _AV({OP} | self.eval(index, env).deps)
-            return _AV(base.deps | self.eval(node.slice, env).deps)
+            return self.subscript(node, env)
         if isinstance(node, ast.BoolOp):
             result = self.boolop(node, env)
             if result.truth is None and result.const is _UNKNOWN:
@@ -340,14 +325,7 @@ class _Flow:
                     return _AV(result.deps, truth=truth)
             return result
         if isinstance(node, ast.UnaryOp):
-            operand = self.eval(node.operand, env)
-            if isinstance(node.op, ast.Not):
-                return _AV(const=not operand.truth) if operand.truth is not None else _AV(operand.deps)
-            if operand.const is not _UNKNOWN:
-                folded = _fold(lambda v: _UNARY[type(node.op)](v), operand.const)
-                if folded is not _UNKNOWN:
-                    return _AV(const=folded)
-            return _AV(operand.deps)
+            return self.unaryop(node, env)
         if isinstance(node, ast.BinOp):
             left, right = self.eval(node.left, env), self.eval(node.right, env)
             if left.const is not _UNKNOWN and right.const is not _UNKNOWN and type(node.op) in _BINARY:
@@ -358,40 +336,11 @@ class _Flow:
         if isinstance(node, ast.Compare):
             return self.compare(node, env)
         if isinstance(node, ast.IfExp):
-            test = self.eval(node.test, env)
-            if test.truth is True:
-                return self.eval(node.body, env)
-            if test.truth is False:
-                return self.eval(node.orelse, env)
-            body, orelse = self.eval(node.body, env), self.eval(node.orelse, env)
-            if _same_const(body, orelse):
-                return body
-            joined = _join(body, orelse)
-            return _AV(joined.deps | test.deps, truth=joined.truth)
+            return self.ifexp(node, env)
         if isinstance(node, ast.Call):
             return self.call(node, env)
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            deps = frozenset()
-            for elt in node.elts:
-                deps |= self.eval(elt, env).deps
-            plain = any(not isinstance(elt, ast.Starred) for elt in node.elts)
-            return _AV(deps, truth=True if plain else (False if not node.elts else None))
-        if isinstance(node, ast.Dict):
-            deps = frozenset()
-            for part in list(node.keys) + list(node.values):
-                if part is not None:
-                    deps |= self.eval(part, env).deps
-            plain = any(key is not None for key in node.keys)
-            return _AV(deps, truth=True if plain else (False if not node.keys else None))
-        if isinstance(node, ast.JoinedStr):
-            deps = frozenset()
-            literal = False
-            for part in node.values:
-                if isinstance(part, ast.Constant) and part.value:
-                    literal = True
-                elif isinstance(part, ast.FormattedValue):
-                    deps |= self.eval(part.value, env).deps
-            return _AV(deps, truth=True if literal else None)
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict, ast.JoinedStr)):
+            return self.display(node, env)
         if isinstance(node, ast.NamedExpr):
             value = self.eval(node.value, env)
             env[node.target.id] = value
@@ -401,6 +350,72 @@ class _Flow:
         if isinstance(node, ast.Starred):
             return _AV(self.eval(node.value, env).deps)
         return _AV(self.closure_deps(node, env))  # comprehensions, await, slices, ...
+
+    def name(self, node, env) -> _AV:
+        if node.id in env:
+            return env[node.id]
+        if node.id in self.module.consts:
+            return _AV(const=self.module.consts[node.id])
+        if node.id == "NotImplemented" and node.id not in self.module.bound:
+            return _AV(const=NotImplemented)
+        return _AV()
+
+    def subscript(self, node, env) -> _AV:
+        picked = self.literal_item(node, env)
+        if picked is not None:
+            return picked
+        base = self.eval(node.value, env)
+        if base.vararg is not None:
+            index = node.slice
+            if isinstance(index, ast.Constant) and type(index.value) is int:
+                return _AV() if base.vararg + index.value == 0 else _AV({OP})
+            return _AV({OP} | self.eval(index, env).deps)
+        return _AV(base.deps | self.eval(node.slice, env).deps)
+
+    def unaryop(self, node, env) -> _AV:
+        operand = self.eval(node.operand, env)
+        if isinstance(node.op, ast.Not):
+            return _AV(const=not operand.truth) if operand.truth is not None else _AV(operand.deps)
+        if operand.const is not _UNKNOWN:
+            folded = _fold(lambda v: _UNARY[type(node.op)](v), operand.const)
+            if folded is not _UNKNOWN:
+                return _AV(const=folded)
+        return _AV(operand.deps)
+
+    def ifexp(self, node, env) -> _AV:
+        test = self.eval(node.test, env)
+        if test.truth is True:
+            return self.eval(node.body, env)
+        if test.truth is False:
+            return self.eval(node.orelse, env)
+        body, orelse = self.eval(node.body, env), self.eval(node.orelse, env)
+        if _same_const(body, orelse):
+            return body
+        joined = _join(body, orelse)
+        return _AV(joined.deps | test.deps, truth=joined.truth)
+
+    def display(self, node, env) -> _AV:
+        """A tuple, list, set, dict or f-string: what its parts depend on; true when it surely has an element
+        (or literal text), false when it is surely empty."""
+        deps = frozenset()
+        if isinstance(node, ast.Dict):
+            for part in list(node.keys) + list(node.values):
+                if part is not None:
+                    deps |= self.eval(part, env).deps
+            plain = any(key is not None for key in node.keys)
+            return _AV(deps, truth=True if plain else (False if not node.keys else None))
+        if isinstance(node, ast.JoinedStr):
+            literal = False
+            for part in node.values:
+                if isinstance(part, ast.Constant) and part.value:
+                    literal = True
+                elif isinstance(part, ast.FormattedValue):
+                    deps |= self.eval(part.value, env).deps
+            return _AV(deps, truth=True if literal else None)
+        for elt in node.elts:
+            deps |= self.eval(elt, env).deps
+        plain = any(not isinstance(elt, ast.Starred) for elt in node.elts)
+        return _AV(deps, truth=True if plain else (False if not node.elts else None))
 
     def boolop(self, node, env) -> _AV:
         """``a or b``: the first true part, else the last; ``a and b``: the first false part, else the last."""
