@@ -212,6 +212,47 @@ def test_flips_and_exceptions():
     assert kinds == ["exception", "flip_is", "flip_compare", "flip_call", "flip_assert"]
 
 
+def test_a_string_of_punctuation_only_is_a_site_where_it_mixes_marks():
+    source = ("def test_pattern():\n"
+              "    assert compile_format('{}') == r'(.+?)'\n"
+              "    assert rule(3) == '+---+'\n")
+    assert values(source, "test_pattern") == ["'(.+?)'"]  # a rule of one or two marks is read at a glance
+    plan = plan_of(source, ["test_pattern"])
+    pool = next(p for p in plan.tests[f"{PATH}::test_pattern"].pools if p.kind == "value")
+    for variant in pool.variants:
+        changed = ast.literal_eval(variant.replacement)
+        if variant.family.startswith("pos:"):
+            assert len(changed) == 5 and sum(a != b for a, b in zip(changed, "(.+?)", strict=True)) == 1
+            assert not any(c.isalnum() or c in "\\'\"" for c in changed)
+
+
+def test_two_truth_checks_are_flipped_in_pairs_where_a_test_has_no_value_to_change():
+    source = ("def test_none():\n"
+              "    assert parse('{:d}', 'abc') is None\n"
+              "    assert valid(schema, {'a': 1})\n"
+              "    assert not done\n")
+    found = plan_of(source, ["test_none"]).tests[f"{PATH}::test_none"]
+    assert [pool.kind for pool in found.pools] == ["flip_pair"] and found.available(2) == 2
+    pool = found.pools[0]
+    for family in {v.family for v in pool.variants}:
+        flips = [v.flips for v in pool.variants if v.family == family]
+        assert len(flips) == 3 and len({index for flip in flips for index, _ in flip}) == 2
+    layout = layout_of(source, ["test_none"], seed=1, plan=DecoyPlan(tests={f"{PATH}::test_none": found}))
+    functions = group_functions(layout.files[PATH])
+    real = layout.real[f"{PATH}::test_none"].split("::")[-1]
+    real_lines = functions[real].replace(real, "NAME").splitlines()
+    assert len(layout.decoys) == 2
+    for decoy in layout.decoys:
+        name = decoy.split("::")[-1]
+        lines = functions[name].replace(name, "NAME").splitlines()
+        changed = [a for a, b in zip(real_lines, lines, strict=True) if a != b]
+        assert 1 <= len(changed) <= 2 and all(line.strip().startswith("assert") for line in changed)
+    # A test with a value to change keeps it, and pairs its flips beside it.
+    valued = source + "    assert total() == 42\n"
+    kinds = [pool.kind for pool in plan_of(valued, ["test_none"]).tests[f"{PATH}::test_none"].pools]
+    assert kinds == ["value", "flip_pair"]
+
+
 # ---------------------------------------------------------------------------------------------- candidates
 
 

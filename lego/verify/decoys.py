@@ -70,7 +70,7 @@ def literal(text: str):
     """The value of a literal's source (ast.literal_eval of a string parses it: one thread at a time too)."""
     return ast.literal_eval(parse_python(text, mode="eval").body)
 
-DECOY_FORMAT = 8  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+DECOY_FORMAT = 9  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
 MAX_SITES_PER_TEST = 2
 MAX_VARIANTS_PER_SITE = 10  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12
@@ -117,13 +117,15 @@ class Variant(BaseModel):
     # A parametrize table's variant: each case's id as the real test has it -> as pytest names the case here (an id
     # made from a value changes with it; the decoy's ids are its own, as the real test's are).
     ids: dict[str, str] = Field(default_factory=dict)
+    # A pair of truth checks' variant: the checks it flips, each as (its index in ast.walk order, its flip kind).
+    flips: list[tuple[int, str]] = Field(default_factory=list)
 
 
 class SitePool(BaseModel):
     """A checked expectation of one test and the variants that fail under the gold patch."""
 
     site: int  # the node's index in ast.walk order over the test function
-    kind: str  # value | param | bits | flip_assert | flip_is | flip_compare | flip_call | exception
+    kind: str  # value | param | bits | flip_assert | flip_is | flip_compare | flip_call | flip_pair | exception
     variants: list[Variant]
     # On a line the test patch wrote. A site on a line the repository already had can be read off its pristine copy
     # (git, the snapshot) by the graded code: the member that agrees with it is the real one.
@@ -225,8 +227,8 @@ def _literal_leaves(node: ast.AST) -> list[ast.AST]:
             return []
         if isinstance(value, int | float) and not (isinstance(value, float) and not math.isfinite(value)):
             return [node]
-        if isinstance(value, str | bytes) and any(chr(c).isalnum() if isinstance(value, bytes) else c.isalnum()
-                                                  for c in value):
+        if isinstance(value, str | bytes) and _text_positions(
+                value.decode("latin-1") if isinstance(value, bytes) else value):
             return [node]
         return []
     if isinstance(node, ast.Dict):
@@ -912,7 +914,25 @@ def number_candidates(value: int | float, k: int, rng: random.Random) -> list[Va
     return out
 
 
+# Punctuation a string made of punctuation only (a regex, a rule) may take instead of one of its own: quotes and
+# backslashes are left out (a decoy spelling escapes the real value never needs would stand out).
+PUNCTUATION = "".join(c for c in string.punctuation if c not in "\\'\"`")
+
+
+def _text_positions(text: str) -> list[int]:
+    """The positions of a string a decoy may change: its letters and digits; in a string without any, its
+    punctuation where it mixes three marks or more, outside runs of one (`(.+?)`, not `+---+` or `=====`: a rule
+    of one or two marks is read at a glance, and a changed bracket or separator among words would read as a typo)."""
+    found = [i for i, char in enumerate(text) if char.isascii() and char.isalnum()]
+    if found or len({char for char in text if char in PUNCTUATION}) < 3:
+        return found
+    return [i for i, char in enumerate(text) if char in PUNCTUATION
+            and char not in text[max(0, i - 1):i] + text[i + 1:i + 2]]
+
+
 def _same_class(char: str) -> str:
+    if char in PUNCTUATION:
+        return PUNCTUATION
     if char.isdigit():
         return string.digits
     if char.isupper():
@@ -950,7 +970,7 @@ def text_candidates(value: str | bytes, k: int, rng: random.Random, positions: i
     comparison must not pass a decoy). All of a grading's decoys change the same position. With `inputs` (the
     test's other text), positions and characters that keep its likeness to that text are preferred (`_shared`)."""
     text = value.decode("latin-1") if isinstance(value, bytes) else value
-    eligible = [i for i, char in enumerate(text) if char.isascii() and char.isalnum()]
+    eligible = _text_positions(text)
     tokens = _tokens(inputs)
     eligible = [i for i in eligible if not _shared(text, i, inputs, tokens)] or eligible
     out = []
@@ -1089,6 +1109,22 @@ def param_candidates(table: ParamTable, names: set[str], k: int, rng: random.Ran
     return render_param(table), variants
 
 
+def flip_pair_candidates(nodes: list[ast.AST], flips: list[tuple[int, str]], rng: random.Random,
+                         families: int = 3) -> list[Variant]:
+    """Two truth checks of a test flipped together, as `bits_candidates` changes two truth values: the three other
+    combinations of the pair, one family per pair (k of the three are drawn: with the real one, any three of the
+    four, each as likely). A test whose only checks are truths gets k decoys this way, not one. Checks nested in
+    one another are never paired (flipping the outer one rewrites the inner)."""
+    inside = {index: {id(node) for node in ast.walk(nodes[index])} for index, _ in flips}
+    pairs = [(a, b) for position, a in enumerate(flips) for b in flips[position + 1:]
+             if id(nodes[b[0]]) not in inside[a[0]] and id(nodes[a[0]]) not in inside[b[0]]]
+    variants = []
+    for a, b in rng.sample(pairs, min(families, len(pairs))):
+        for chosen in ([a], [b], [a, b]):
+            variants.append(Variant(family=f"pair:{a[0]},{b[0]}", flips=chosen))
+    return variants
+
+
 def _other_text(function: ast.AST, leaf: ast.AST) -> str:
     """The test's text a value at `leaf` is read beside: every other string and number it writes."""
     return "\n".join(str(node.value) for node in ast.walk(function) if node is not leaf
@@ -1146,11 +1182,30 @@ def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | 
                                       written=written, real=real))
             if len(pools) >= MAX_SITES_PER_TEST:
                 break
+        pools = _with_flip_pair(pools, sites, nodes, rng, written_lines)
         reason = "" if pools else ("no checked expectation to change: the test compares no literal, asserts no "
                                    "truth and expects no exception in its own body or a helper of its module")
         for test in ids:
             plans[test] = DecoysOfTest(test=test, pools=[pool.model_copy(deep=True) for pool in pools], reason=reason)
     return plans
+
+
+def _with_flip_pair(pools: list[SitePool], sites: list[tuple[int, str]], nodes: list[ast.AST], rng: random.Random,
+                    written_lines: set[int] | None) -> list[SitePool]:
+    """The pools with the test's single flips replaced by a pair of them (`flip_pair_candidates`), where it has two
+    truth checks or more: a single flip gives one decoy, a pair k."""
+    flips = [(index, kind) for index, kind in sites if kind.startswith("flip_")]
+    if written_lines is not None:
+        on_written = [flip for flip in flips if getattr(nodes[flip[0]], "lineno", 0) in written_lines]
+        flips = on_written if len(on_written) >= 2 else flips
+    variants = flip_pair_candidates(nodes, flips, rng)
+    if not variants:
+        return pools
+    lines = {getattr(nodes[index], "lineno", 0) for variant in variants for index, _ in variant.flips}
+    pair = SitePool(site=variants[0].flips[0][0], kind="flip_pair", variants=variants,
+                    written=written_lines is None or lines <= written_lines)
+    kept = [pool for pool in pools if not pool.kind.startswith("flip_")]
+    return (kept + [pair])[:MAX_SITES_PER_TEST] if len(kept) < MAX_SITES_PER_TEST else kept
 
 
 # ---------------------------------------------------------------------------------------------- drawing
@@ -1253,10 +1308,13 @@ def render_function(function: ast.FunctionDef | ast.AsyncFunctionDef, member: Me
     written as its decoys are). `cases`: the graded cases of a parametrized test (a table site keeps those rows)."""
     clone = copy.deepcopy(function)
     if member.variant is not None and member.site is not None:
-        target = list(ast.walk(clone))[member.site]
-        if target is clone:
-            raise DecoyError("a decoy site cannot be the test function itself")
-        clone = _Rewrite(target, member.kind, member.variant, cases).visit(clone)
+        nodes = list(ast.walk(clone))
+        changes = [(nodes[index], kind, Variant(family="flip")) for index, kind in member.variant.flips] \
+            if member.kind == "flip_pair" else [(nodes[member.site], member.kind, member.variant)]
+        for target, kind, variant in changes:  # targets found before any rewrite: a pair's are not nested
+            if target is clone:
+                raise DecoyError("a decoy site cannot be the test function itself")
+            clone = _Rewrite(target, kind, variant, cases).visit(clone)
     clone.name = member.name
     ast.fix_missing_locations(clone)
     text = ast.unparse(clone)
@@ -1409,6 +1467,8 @@ def _shown(member: Member) -> str:
         return "flip"
     if member.kind == "param":
         return f"every row's expectation moved by {member.variant.offset} ({member.variant.family})"
+    if member.kind == "flip_pair":
+        return "flipped " + ", ".join(f"{kind} at {index}" for index, kind in member.variant.flips)
     return member.variant.replacement
 
 
