@@ -414,20 +414,8 @@ class Session:
             sampled = list(result.token_ids)
             branch.append(sampled, sampled=True, logprobs=list(result.logprobs))
             branch.add_routing(result.routed_experts)
-            shown = sampled
-            if result.finish_reason == "stop" and sampled and sampled[-1] in self.engine.eos_token_ids:
-                shown = sampled[:-1]
-            shown_text = self.renderer.decode(shown)
-            sampled_text = shown_text if shown is sampled else self.renderer.decode_after(shown_text, shown, sampled)
-            stop_sequence = result.stop_sequence if result.stop_sequence in stop else None  # not our CALL_CLOSE
-            if stop_sequence and stop_sequence in shown_text:
-                # As the protocols define it, the reply ends before the stop string; the stream keeps every
-                # sampled token, so the model's next turn continues from exactly what it sampled.
-                shown_text = shown_text[: shown_text.index(stop_sequence)]
-            if read_reply is not None:
-                reply = read_reply(opening + shown_text)
-            else:
-                reply = parse_reply(opening + shown_text, parse_tools=parse_tools, thinking=self.renderer.thinking)
+            reply, sampled_text, stop_sequence = self._reply_of(result, sampled, stop, opening, read_reply,
+                                                                parse_tools)
             message = reply.as_message()
             branch.keys.append(message.key())
             branch.checkpoints.append(Checkpoint(len(branch.keys), len(branch.token_ids),
@@ -437,6 +425,26 @@ class Session:
                          len(sampled), result.finish_reason, kind, new_prompt_tokens, reply=message)
         return Completion(reply=reply, finish_reason=result.finish_reason, prompt_tokens=len(prompt),
                           completion_tokens=len(result.token_ids), stop_sequence=stop_sequence)
+
+    def _reply_of(self, result: GenerateResult, sampled: list[int], stop: tuple[str, ...], opening: str,
+                  read_reply: Callable[[str], Reply] | None, parse_tools: bool) -> tuple[Reply, str, str | None]:
+        """The reply as the protocols show it (after the forced `opening`, without the end-of-turn token and
+        the request's stop string), the text of every sampled token, and the request's stop string that ended it."""
+        shown = sampled
+        if result.finish_reason == "stop" and sampled and sampled[-1] in self.engine.eos_token_ids:
+            shown = sampled[:-1]
+        shown_text = self.renderer.decode(shown)
+        sampled_text = shown_text if shown is sampled else self.renderer.decode_after(shown_text, shown, sampled)
+        stop_sequence = result.stop_sequence if result.stop_sequence in stop else None  # not our CALL_CLOSE
+        if stop_sequence and stop_sequence in shown_text:
+            # As the protocols define it, the reply ends before the stop string; the stream keeps every
+            # sampled token, so the model's next turn continues from exactly what it sampled.
+            shown_text = shown_text[: shown_text.index(stop_sequence)]
+        if read_reply is not None:
+            reply = read_reply(opening + shown_text)
+        else:
+            reply = parse_reply(opening + shown_text, parse_tools=parse_tools, thinking=self.renderer.thinking)
+        return reply, sampled_text, stop_sequence
 
     def _sampling_params(self, limit: int, stops: tuple[str, ...]) -> SamplingParams:
         """The engine's parameters for a call (frozen, so calls asking the same share one)."""
