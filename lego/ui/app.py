@@ -124,6 +124,14 @@ def create_app(work: WorkDir, config: LegoConfig, runs: list[str] | None = None,
     dashboard = Dashboard(work, config, runs, refresh_s, mlflow_ui)
     app = Dash(__name__, title="Lego", update_title=None, assets_folder=str(ASSETS), serve_locally=True)
     app.layout = lambda: layout(dashboard)
+    _navigation(app, dashboard)
+    _refresh(app, dashboard)
+    _trajectory(app, dashboard)
+    return app
+
+
+def _navigation(app: Dash, dashboard: Dashboard) -> None:
+    """The run, tab and panel shown follow the URL and the run list."""
 
     @app.callback(Output("run", "options"), Output("run", "value"),
                   Input("url", "search"), Input("tick", "n_intervals"), State("run", "value"),
@@ -146,6 +154,10 @@ def create_app(work: WorkDir, config: LegoConfig, runs: list[str] | None = None,
     @app.callback([Output(f"panel-{key}", "style") for key in TABS], Input("tab", "value"))
     def show_panel(tab: str) -> list[dict[str, str]]:
         return [_hidden(key == tab) for key in TABS]
+
+
+def _refresh(app: Dash, dashboard: Dashboard) -> None:
+    """The header and the shown tab's body, drawn again at each tick while the run may change."""
 
     # The tick is off while a render runs. Otherwise a render slower than the tick (a busy machine, a long run) is
     # outdated by the next tick before it arrives and the browser drops it, again and again: nothing is ever shown.
@@ -193,6 +205,10 @@ def create_app(work: WorkDir, config: LegoConfig, runs: list[str] | None = None,
         return (panels.header(top, dashboard.links.run_url(mlflow_run), dashboard.links.traces_url(mlflow_run), note), *[bodies[key] for key in REFRESHED], options,
                 {**now, "status": state.manifest.status})
 
+
+def _trajectory(app: Dash, dashboard: Dashboard) -> None:
+    """The trajectory tab: which rollout, segment and tokens are shown."""
+
     @app.callback(Output("rollout", "value"), Input("rollout", "options"), State("rollout", "value"),
                   State("url", "search"))
     def default_rollout(options: list[dict] | None, current: str | None, search: str | None):
@@ -229,8 +245,6 @@ def create_app(work: WorkDir, config: LegoConfig, runs: list[str] | None = None,
                    for s in view.segments]
         shown = view.segment
         return (panels.trajectory(view), options, shown.index if shown else None, shown.start if shown else 0)
-
-    return app
 
 
 # ---------------------------------------------------------------------------------------------- the server
