@@ -152,7 +152,7 @@ class VerifyConfig(Section):
     # over it ends the rollout `patch_too_large` (reward 0) without being transferred, and the verifier refuses
     # to grade one: a patch is never cut and graded in part.
     max_patch_bytes: int = Field(4 << 20, ge=1024)
-    # Decoys per graded test (lego/verify/decoys.py): a blind forger survives a test with probability 1/(k+1).
+    # Decoys per graded test (lego/verify/decoys/): a blind forger survives a test with probability 1/(k+1).
     decoys_per_test: int = Field(2, ge=1, le=8)
     # PASS_TO_PASS tests that also get decoys at a grading, drawn anew each time (every FAIL_TO_PASS test has them).
     decoy_pass_to_pass_sample: int = Field(2, ge=0)

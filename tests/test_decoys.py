@@ -1,4 +1,4 @@
-"""Decoy site finding, candidates, drawing and layouts (lego/verify/decoys.py), without Docker or pytest runs.
+"""Decoy site finding, candidates, drawing and layouts (lego/verify/decoys/), without Docker or pytest runs.
 
 Site finding: each shape of checked expectation a test can have gives its site (a literal compared, a value built
 by constructors, a name bound to one, a loop's or a parametrize table's expected column, truth values, helpers,

@@ -1,7 +1,7 @@
 """The verdict from the grading runner's report: what passed, what was forged, what the decoys say.
 
 Pure functions of the report (lego/verify/runner/lego_grade.py) and of the grading's decoy layout, which only the
-host knows (lego/verify/decoys.py). Why decoys decide: lego/verify/pytest_grading.py.
+host knows (lego/verify/decoys/). Why decoys decide: lego/verify/pytest_grading.py.
 """
 
 from __future__ import annotations

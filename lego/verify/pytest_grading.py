@@ -3,7 +3,7 @@
 Grading never runs in the agent's sandbox. A fresh container from the clean task image (all capabilities
 dropped, the tests run as an unprivileged uid that cannot signal PID 1) gets the agent's diff, screened
 (test files, conftest.py and paths outside the repository dropped and flagged), then the task's test_patch, then
-the graded tests rewritten with their decoys (lego/verify/decoys.py), then the grading runner
+the graded tests rewritten with their decoys (lego/verify/decoys/), then the grading runner
 (`lego/verify/runner/`, mounted read-only) runs the tests.
 
 Why decoys decide. The patched code runs in the process that runs pytest, and Python gives that process no

@@ -1,7 +1,7 @@
 """Guards installed in the grading interpreter before a line of the repository runs (standard library only).
 
 This file runs inside the grading sandbox, loaded by lego_grade.py from a read-only mount. The verdict on a
-forger comes from decoys (lego/verify/decoys.py); what this layer sees from inside is defence in depth, and it
+forger comes from decoys (lego/verify/decoys/); what this layer sees from inside is defence in depth, and it
 must never turn an honest fix into a cheat. So every signal is one of two kinds:
 
 - decisive (`report("tamper", ...)`, the outcome is `cheat`): something honest code never does, because it

@@ -1,0 +1,366 @@
+"""Where a test checks an expectation: the sites a decoy may change."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from dataclasses import dataclass, field
+
+from lego.verify.decoys.expressions import (
+    bool_rows,
+    call_name,
+    expectation_leaves,
+    expectation_shaped,
+    is_literal,
+    loaded_names,
+)
+from lego.verify.decoys.model import (
+    COMPLEMENTS,
+    FLIP_CALLS,
+    RAISES_CALLS,
+    NodeId,
+    find_function,
+    is_equality_call,
+)
+from lego.verify.decoys.params import ParamTable, param_table
+
+
+@dataclass
+class Site:
+    node: ast.AST
+    kind: str
+
+
+@dataclass
+class SiteFinder:
+    """Expectation sites of one test function, with the helpers of its module that check a parameter.
+
+    An equality check's expectation is its literal side, else the one side built from literals and names by value
+    constructors only (VALUE_CALLS) that holds a literal or a name carrying one. A name carries one when it is bound
+    only to such expressions (`expected = "\\n".join([...])`), by a `for` over a table written in the test, or by
+    the test's parametrize table, and is used only where an expectation is (or printed): a name the code under
+    test also receives is an input, and is never changed."""
+
+    function: ast.FunctionDef | ast.AsyncFunctionDef
+    helpers: dict[str, dict[int | str, bool]] = field(default_factory=dict)  # name -> positions/keywords checked
+    param: ParamTable | None = None
+    imported: frozenset[str] = frozenset()
+    sites: list[Site] = field(default_factory=list)
+    param_names: set[str] = field(default_factory=set)  # the parametrize arguments that carry an expectation
+
+    def __post_init__(self) -> None:
+        self.parent: dict[int, ast.AST] = {}
+        for node in ast.walk(self.function):
+            for child in ast.iter_child_nodes(node):
+                self.parent[id(child)] = node
+        # The nodes of its body, nested functions and lambdas included: a name bound or used there counts (a
+        # stricter reading than Python's scopes, never a looser one).
+        self.own: list[ast.AST] = [node for statement in self.function.body for node in ast.walk(statement)]
+        arguments = self.function.args
+        self.arguments = {arg.arg for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+        self.assigned: dict[str, list[ast.AST]] = {}
+        self.bound: Counter = Counter()  # how many times each name is bound in the function, by any statement
+        for node in self.own:
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+                self.bound[node.id] += 1
+            elif isinstance(node, ast.arg):
+                self.bound[node.arg] += 2  # a nested function's or a lambda's parameter
+            elif isinstance(node, ast.alias):
+                self.bound[(node.asname or node.name).split(".")[0]] += 2  # bound otherwise: never a carrier
+            elif isinstance(node, ast.ExceptHandler | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) \
+                    and node.name:
+                self.bound[node.name] += 2
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                self.assigned.setdefault(node.targets[0].id, []).append(node.value)
+        self.tables: dict[str, list[ast.AST]] = {}  # a for-loop name -> the table cells it takes, row by row
+        for node in self.own:
+            if isinstance(node, ast.For):
+                self.for_table(node)
+
+    def shaped(self, node: ast.AST) -> bool:
+        return expectation_shaped(node, self.imported)
+
+    def for_table(self, loop: ast.For) -> None:
+        """`for x, expected in [(1, "a"), ...]` (or a name bound once to such a table and used only there): each
+        row's cells are taken by the loop's names."""
+        rows = loop.iter
+        if isinstance(rows, ast.Name):
+            if self.bound[rows.id] != 1 or len(self.assigned.get(rows.id, [])) != 1 or len(self.uses(rows.id)) != 1:
+                return
+            rows = self.assigned[rows.id][0]
+        if not isinstance(rows, ast.List | ast.Tuple) or not rows.elts:
+            return
+        if isinstance(loop.target, ast.Name):
+            self.tables[loop.target.id] = list(rows.elts)
+        elif isinstance(loop.target, ast.Tuple) and all(isinstance(e, ast.Name) for e in loop.target.elts):
+            width = len(loop.target.elts)
+            if not all(isinstance(row, ast.Tuple | ast.List) and len(row.elts) == width
+                       and not any(isinstance(e, ast.Starred) for e in row.elts) for row in rows.elts):
+                return
+            for position, target in enumerate(loop.target.elts):
+                self.tables[target.id] = [row.elts[position] for row in rows.elts]
+
+    # -- which names carry an expectation
+
+    def candidates(self) -> set[str]:
+        names = set()
+        for name, values in self.assigned.items():
+            if self.bound[name] == len(values) and name not in self.arguments and all(map(self.shaped, values)):
+                names.add(name)
+        for name, cells in self.tables.items():
+            if self.bound[name] == 1 and name not in self.assigned and name not in self.arguments \
+                    and any(self.shaped(cell) and expectation_leaves(cell) for cell in cells):
+                names.add(name)  # the cells built otherwise (a comprehension) are left as they are
+        if self.param is not None:
+            names.update(name for name in self.param.argnames if name in self.arguments and not self.bound[name])
+        return names
+
+    def anchored(self, node: ast.AST, carriers: set[str]) -> bool:
+        return self.shaped(node) and bool(expectation_leaves(node) or loaded_names(node) & carriers)
+
+    def designate(self, a: ast.AST, b: ast.AST, carriers: set[str]) -> ast.AST | None:
+        """Which of two compared expressions is the expectation, if one plainly is."""
+        if is_literal(a) != is_literal(b):
+            return a if is_literal(a) else b
+        if is_literal(a):
+            return None
+        mine, other = self.anchored(a, carriers), self.anchored(b, carriers)
+        if mine != other:
+            return a if mine else b
+        return None
+
+    def expectations(self, carriers: set[str]) -> list[ast.AST]:
+        """The expectation side of every equality check of the test: asserted (alone or in an `and`), through an
+        equality call made as a statement or asserted, or passed where a helper of the module compares it."""
+        sides: list[ast.AST] = []
+
+        def asserted(test: ast.AST) -> None:
+            if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+                for value in test.values:
+                    asserted(value)
+            elif isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
+                side = self.designate(test.left, test.comparators[0], carriers)
+                if side is not None:
+                    sides.append(side)
+            elif isinstance(test, ast.Call):
+                called(test)
+
+        def called(node: ast.Call) -> None:
+            name = call_name(node)
+            if is_equality_call(name) and name != "approx":
+                if len(node.args) >= 2 and not any(isinstance(arg, ast.Starred) for arg in node.args[:2]):
+                    side = self.designate(node.args[0], node.args[1], carriers)
+                    if side is not None:
+                        sides.append(side)
+                elif len(node.args) == 1 and isinstance(node.args[0], ast.List | ast.Tuple):
+                    # all_equal([computed, 5]): the literal members are what the computed ones must equal.
+                    elements = node.args[0].elts
+                    fixed = [element for element in elements if is_literal(element)]
+                    if fixed and len(fixed) < len(elements):
+                        sides.extend(fixed)
+            elif name in self.helpers and (isinstance(node.func, ast.Name) or (
+                    isinstance(node.func.value, ast.Name) and node.func.value.id in ("self", "cls"))):
+                checked = self.helpers[name]
+                for position, arg in enumerate(node.args):
+                    if checked.get(position) and not isinstance(arg, ast.Starred) and self.anchored(arg, carriers):
+                        sides.append(arg)
+                for keyword in node.keywords:
+                    if keyword.arg and checked.get(keyword.arg) and self.anchored(keyword.value, carriers):
+                        sides.append(keyword.value)
+
+        for node in self.own:
+            if isinstance(node, ast.Assert):
+                asserted(node.test)
+            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+                called(node.value)  # a check made as a statement (an equality call's result unused is no check)
+        return sides
+
+    def carriers(self) -> tuple[set[str], list[ast.AST]]:
+        """The names that carry an expectation, and the expectation sides, at their fixed point: a name stays when
+        every use of it is in an expectation, printed, or in the value of another name that stays, and an
+        expectation reaches it."""
+        names = self.candidates()
+        for _ in range(8):
+            sides = self.expectations(names)
+            inside = {id(node) for side in sides for node in ast.walk(side)}
+            feeds: dict[str, set[str]] = {}  # name -> the names whose value it is used in
+            kept = set()
+            for name in names:
+                allowed = True
+                for use in self.uses(name):
+                    if id(use) in inside or self.printed(use):
+                        continue
+                    target = self.assigned_to(use)
+                    if target is None or target not in names:
+                        allowed = False
+                        break
+                    feeds.setdefault(name, set()).add(target)
+                if allowed:
+                    kept.add(name)
+            reached = kept & set().union(*map(loaded_names, sides))
+            while more := {name for name in kept - reached if feeds.get(name, set()) & reached}:
+                reached |= more
+            if reached == names:
+                return names, sides
+            names = reached
+        return names, self.expectations(names)
+
+    def uses(self, name: str) -> list[ast.Name]:
+        return [node for node in self.own if isinstance(node, ast.Name) and node.id == name
+                and isinstance(node.ctx, ast.Load)]
+
+    def printed(self, use: ast.AST) -> bool:
+        """In a `print(...)` or an assert's message."""
+        node = use
+        while id(node) in self.parent:
+            parent = self.parent[id(node)]
+            if isinstance(parent, ast.Call) and call_name(parent) == "print" and isinstance(parent.func, ast.Name):
+                return True
+            if isinstance(parent, ast.Assert) and parent.msg is node:
+                return True
+            if isinstance(parent, ast.stmt):
+                return False
+            node = parent
+        return False
+
+    def assigned_to(self, use: ast.AST) -> str | None:
+        """The name whose plain assignment's value holds this use."""
+        node = use
+        while id(node) in self.parent:
+            parent = self.parent[id(node)]
+            if isinstance(parent, ast.Assign):
+                target = parent.targets[0]
+                return target.id if parent.value is node and len(parent.targets) == 1 \
+                    and isinstance(target, ast.Name) else None
+            if isinstance(parent, ast.stmt):
+                return None
+            node = parent
+        return None
+
+    # -- sites
+
+    def add_values(self, node: ast.AST) -> None:
+        for leaf in expectation_leaves(node):
+            self.sites.append(Site(leaf, "value"))
+        for container in bool_rows(node):
+            self.sites.append(Site(container, "bits"))
+
+    def visit(self) -> list[Site]:
+        names, sides = self.carriers()
+        for side in sides:
+            self.add_values(side)
+        for name in sorted(names, key=lambda name: min((use.lineno for use in self.uses(name)), default=0)):
+            for value in self.assigned.get(name, []):
+                self.add_values(value)
+            for cell in self.tables.get(name, []):
+                if self.shaped(cell):
+                    self.add_values(cell)
+        if self.param is not None:
+            self.param_names = names & set(self.param.argnames)
+            if self.param_names:
+                self.sites.append(Site(self.param.decorator, "param"))
+        for node in self.own:
+            if isinstance(node, ast.Assert):
+                self.visit_assert(node)
+            elif isinstance(node, ast.Call):
+                self.visit_call(node)
+        seen: set[int] = set()
+        unique = []
+        for site in self.sites:
+            if id(site.node) not in seen:
+                seen.add(id(site.node))
+                unique.append(site)
+        return unique
+
+    def visit_assert(self, node: ast.Assert) -> None:
+        test = node.test
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            op, right = test.ops[0], test.comparators[0]
+            if isinstance(op, ast.Is | ast.IsNot) and isinstance(right, ast.Constant) \
+                    and right.value in (None, True, False) and not isinstance(test.left, ast.Constant):
+                self.sites.append(Site(test, "flip_is"))
+                return
+            if type(op) in COMPLEMENTS:
+                # Its operands pin no value to change (an equality's expectation is a site of its own), but the
+                # comparison's answer is checked: the complementary operator, written as plainly, must fail.
+                self.sites.append(Site(test, "flip_compare"))
+                return
+        if isinstance(test, ast.Call) and is_equality_call(call_name(test)):
+            return  # handled as a call (isclose, allclose inside an assert)
+        if not is_literal(test):
+            self.sites.append(Site(node, "flip_assert"))
+
+    def visit_call(self, node: ast.Call) -> None:
+        name = call_name(node)
+        if name in FLIP_CALLS and isinstance(node.func, ast.Attribute):
+            self.sites.append(Site(node, "flip_call"))
+        elif name in RAISES_CALLS and node.args and isinstance(node.args[0], ast.Name | ast.Attribute):
+            self.sites.append(Site(node.args[0], "exception"))
+
+
+def checking_helpers(module: ast.Module, owner: ast.ClassDef | None) -> dict[str, dict[int | str, bool]]:
+    """Functions of the module (and methods of the test's class) that compare a parameter for equality in an
+    assert or an equality call: a literal passed there by a test is an expectation, checked inside the helper."""
+    candidates: list[tuple[ast.FunctionDef, bool]] = [
+        (node, False) for node in module.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("test")]
+    if owner is not None:
+        candidates += [(node, True) for node in owner.body
+                       if isinstance(node, ast.FunctionDef) and not node.name.startswith("test")]
+    helpers: dict[str, dict[int | str, bool]] = {}
+    for function, is_method in candidates:
+        params = [arg.arg for arg in function.args.args]
+        if is_method and params:
+            params = params[1:]
+        compared: set[str] = set()
+        for node in ast.walk(function):
+            pairs: list[tuple[ast.AST, ast.AST]] = []
+            if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1 \
+                    and isinstance(node.test.ops[0], ast.Eq):
+                pairs.append((node.test.left, node.test.comparators[0]))
+            elif isinstance(node, ast.Call) and is_equality_call(call_name(node)) and len(node.args) >= 2:
+                pairs.append((node.args[0], node.args[1]))
+            for a, b in pairs:
+                for mine, other in ((a, b), (b, a)):
+                    if isinstance(mine, ast.Name) and mine.id in params and not (
+                            isinstance(other, ast.Name) and other.id in params):
+                        compared.add(mine.id)
+        if compared:
+            checked: dict[int | str, bool] = {}
+            for position, param in enumerate(params):
+                if param in compared:
+                    checked[position] = True
+                    checked[param] = True
+            helpers[function.name] = checked
+    return helpers
+
+
+def locate_sites(module: ast.Module, ref: NodeId, known: list[str] | None = None) -> tuple[list[tuple[int, str]], SiteFinder | None]:
+    function = find_function(module, ref.owner, ref.name)
+    if function is None:
+        return [], None
+    owner = next((node for node in module.body if isinstance(node, ast.ClassDef) and node.name == ref.owner), None)
+    known = known if known is not None else ([ref.path + "::" + (f"{ref.owner}::" if ref.owner else "") + ref.name
+                                               + ref.params] if ref.params else [])
+    helpers = {**checking_helpers(module, owner), **checking_helpers(ast.Module(body=function.body, type_ignores=[]),
+                                                                     None)}  # functions the test defines too
+    finder = SiteFinder(function, helpers, param_table(module, function, known),
+                     imported=imported_names(module))
+    sites = finder.visit()
+    index = {id(node): position for position, node in enumerate(ast.walk(function))}
+    # Value sites first (they give k decoys), then exception swaps, then flips (one decoy each).
+    order = {"value": 0, "param": 0, "bits": 0, "exception": 1, "flip_is": 2, "flip_compare": 2, "flip_call": 2,
+             "flip_assert": 3}
+    found = sorted({(index[id(site.node)], site.kind) for site in sites if id(site.node) in index},
+                   key=lambda item: (order[item[1]], item[0]))
+    return found, finder
+
+
+def find_sites(module: ast.Module, ref: NodeId, known: list[str] | None = None) -> list[tuple[int, str]]:
+    """(index in ast.walk order, kind) of each expectation site of a test, in a stable order. `known`: the test
+    ids of this function that are graded (a parametrize table is a site only when each of them is found in it)."""
+    return locate_sites(module, ref, known)[0]
+
+
+def imported_names(module: ast.Module) -> frozenset[str]:
+    return frozenset((alias.asname or alias.name).split(".")[0] for node in ast.walk(module)
+                     if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names)
