@@ -217,6 +217,13 @@ class WarmStartConfig(Section):
     # `steps` is then the most it may take. Memorization sets in abruptly and at a step count that varies from run
     # to run, so a loss lands the policy at a more repeatable resolved rate than a step count does.
     stop_at_loss: float | None = Field(None, gt=0)
+    # Stop at the end of the first pass in which every demonstration's reply (all its sampled tokens) had at least
+    # this probability under the policy: about how often an attempt sampling at temperature 1 reproduces it. Unlike
+    # a mean loss, it holds for each task, so that every GRPO group can find a success.
+    stop_at_probability: float | None = Field(None, gt=0, lt=1)
+    # "one": a demonstration per optimizer step, in a seeded order; "all": every demonstration in each step (a
+    # full-batch gradient, steadier at a high rate).
+    step_batch: Literal["one", "all"] = "one"
     lr: float = Field(1e-3, gt=0)
     # `constant`, or `cosine`: from `lr` down to 0 at `steps`, so that a run whose loss still jumps about at a high
     # rate settles instead of running out of steps above `stop_at_loss`.

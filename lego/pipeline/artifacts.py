@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -113,20 +114,81 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(temp, path)
 
 
+def _moved(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+        return new + value[len(old):]
+    return value
+
+
+def _relocated(result: StageResult, directory: Path) -> StageResult:
+    """`result` with the paths inside its old artifact directory pointed at `directory`."""
+    old, new = result.path, str(directory)
+    return result.model_copy(update={
+        "path": new, "outputs": {name: _moved(path, old, new) for name, path in result.outputs.items()},
+        "data": {name: _moved(value, old, new) for name, value in result.data.items()}})
+
+
+def share_result(work: WorkDir, result: StageResult, shared: Path) -> Path:
+    """Copy a computed artifact, and the data run it stored (its `data_run_id`), into `shared`/<key> (a machine
+    cache shared by every work dir and clone), unless it is there already. Complete once renamed into place."""
+    target = shared / result.key
+    if (target / "artifact" / RESULT_FILE).is_file():
+        return target
+    temp = shared / f".{result.key}.{os.getpid()}.tmp"
+    shutil.rmtree(temp, ignore_errors=True)
+    shutil.copytree(result.dir, temp / "artifact")
+    data_run = result.data.get("data_run_id")
+    if data_run and (work.data / data_run).is_dir():
+        shutil.copytree(work.data / data_run, temp / "data" / data_run)
+    shutil.rmtree(target, ignore_errors=True)  # an incomplete copy of an earlier, killed process
+    os.replace(temp, target)
+    return target
+
+
+def adopt_shared_result(work: WorkDir, stage: str, key: str, shared: Path) -> StageResult | None:
+    """The artifact (stage, key) from the machine cache `shared`, copied into this work dir with its paths moved
+    (and its data run beside this work dir's); None when the cache has none."""
+    source = shared / key
+    found = source / "artifact" / RESULT_FILE
+    if not found.is_file():
+        return None
+    try:
+        result = StageResult.model_validate_json(found.read_text())
+    except ValueError:
+        return None
+    directory = artifact_dir(work, stage, key)
+    shutil.rmtree(directory, ignore_errors=True)
+    shutil.copytree(source / "artifact", directory)
+    data_run = result.data.get("data_run_id")
+    if data_run and (source / "data" / data_run).is_dir() and not (work.data / data_run).exists():
+        shutil.copytree(source / "data" / data_run, work.data / data_run)
+    result = _relocated(result, directory)
+    write_json_atomic(directory / RESULT_FILE, result.model_dump_json(indent=2))
+    return load_result(work, stage, key)
+
+
 def run_cached(ctx: StageContext, stage: str, iteration: int | None, inputs: dict[str, Any],
-               compute: Callable[[Path], StageOutput]) -> StageResult:
+               compute: Callable[[Path], StageOutput], shared: Path | None = None) -> StageResult:
     """Serve (stage, key(inputs + config + code)) from its artifact, or compute it into the artifact dir.
 
     `compute` writes into the final directory (not a temp one) so that a killed computation keeps what it
     finished; the result file, written last, is what makes the artifact count.
+
+    `shared`: a machine cache for this stage (lego.cache.cache_dir): a result missing from the work dir is taken
+    from there, and a computed one is put there, so that other work dirs and clones reuse it. Only for a stage
+    whose key holds no path of this work dir or clone.
     """
     parts = {"stage": stage, "iteration": iteration, "code": code_version(stage), **inputs}
     key = key_of(parts)
+    label = stage if iteration is None else f"{stage}/{iteration}"
     if not ctx.force:
         cached = load_result(ctx.work, stage, key)
         if cached is not None:
-            ctx.log(f"{stage if iteration is None else f'{stage}/{iteration}'}: served from cache ({key})")
+            ctx.log(f"{label}: served from cache ({key})")
             return cached
+        if shared is not None and (adopted := adopt_shared_result(ctx.work, stage, key, shared)) is not None:
+            ctx.log(f"{label}: served from the machine's cache {shared / key}")
+            return adopted
     directory = artifact_dir(ctx.work, stage, key)
     (directory / RESULT_FILE).unlink(missing_ok=True)
     directory.mkdir(parents=True, exist_ok=True)
@@ -141,4 +203,6 @@ def run_cached(ctx: StageContext, stage: str, iteration: int | None, inputs: dic
         created_at=datetime.now(UTC).isoformat(),
     )
     write_json_atomic(directory / RESULT_FILE, result.model_dump_json(indent=2))
+    if shared is not None:
+        share_result(ctx.work, result, shared)
     return result

@@ -7,6 +7,7 @@ content key.
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -36,8 +37,11 @@ def _taskset(m: dict[str, float]) -> str:
 
 
 def _warmstart(m: dict[str, float]) -> str:
-    return (f"{_int(m, 'resolved_demonstrations')}/{_int(m, 'demonstrations')} gold demonstrations resolved; "
+    text = (f"{_int(m, 'resolved_demonstrations')}/{_int(m, 'demonstrations')} gold demonstrations resolved; "
             f"fine-tuned for {_int(m, 'steps')} steps to a loss of {m.get('final_loss', 0.0):.4f}")
+    if "least_likely_demonstration_logprob" in m:
+        text += f", each gold reply at probability {math.exp(m['least_likely_demonstration_logprob']):.2f} or more"
+    return text
 
 
 def _filter(m: dict[str, float]) -> str:

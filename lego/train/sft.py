@@ -3,7 +3,7 @@
 The loss is the mean negative log-likelihood of the sampled tokens (response mask 1) only: the prompt, the
 harness's system text and the tool observations are context, never targets, exactly as in the RL loss. Each
 optimizer step takes one demonstration, cycled in a seeded order, so that every demonstration is seen equally
-often whatever the step count.
+often whatever the step count, or all of them (`warmstart.step_batch: all`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ class NoDemonstrations(LegoError):
 def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], settings: WarmStartConfig,
               out_dir: str | Path, *, device: str = "cpu", seed: int = 0,
               on_step: Callable[[int, dict[str, float]], None] | None = None) -> tuple[Path, list[dict[str, float]]]:
-    """Fine-tune the policy at `model_path` on `samples` for `settings.steps` steps, or fewer: with
-    `settings.stop_at_loss`, it stops at the end of the first pass over the demonstrations (one step each) whose
-    mean loss is at most that. The result is saved to `out_dir` as the next policy version. Returns the checkpoint
-    and each step's metrics (loss, mean log-prob and accuracy of the sampled tokens, seconds)."""
-    from lego.train.trainer import TrainBatch, Trainer, collate, token_logprobs
+    """Fine-tune the policy at `model_path` on `samples` for `settings.steps` steps, or fewer: it stops at the end
+    of the first pass over the demonstrations (`settings.step_batch` "one": one step each; "all": the step) whose
+    mean loss is at most `settings.stop_at_loss`, or in which every demonstration's sampled tokens had at least
+    `settings.stop_at_probability` together. The result is saved to `out_dir` as the next policy version. Returns
+    the checkpoint and each step's metrics (loss, mean log-prob and accuracy of the sampled tokens, the least
+    likely demonstration's log-prob, seconds)."""
+    from lego.train.trainer import TrainBatch, Trainer
 
     usable = [sample for sample in samples if int(np.asarray(sample.response_mask)[1:].sum()) > 0]
     if not usable:
@@ -47,39 +49,82 @@ def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], setting
     if settings.lr_schedule == "cosine":
         schedule = torch.optim.lr_scheduler.LambdaLR(
             trainer.optimizer, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, settings.steps) / settings.steps)))
-    order: list[int] = []
-    shuffle = random.Random(seed)
+    steps = _step_indices(len(usable), settings, seed)
+    demonstration_of = [sample.rollout_id for sample in usable]
     history: list[dict[str, float]] = []
-    for step in range(settings.steps):
-        if not order:
-            order = list(range(len(usable)))
-            shuffle.shuffle(order)
-        index = order.pop()
-        started = time.monotonic()
-        micro = collate(batch, [index], need_routing=False)
-        mask = micro.response_mask.to(device)
-        logprobs, _ = token_logprobs(trainer.model, micro.input_ids.to(device), mask, None, with_entropy=False)
-        tokens = mask.sum().clamp(min=1.0)
-        loss = -(logprobs * mask).sum() / tokens
-        trainer.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), settings.grad_clip)
-        learning_rate = float(trainer.optimizer.param_groups[0]["lr"])
-        trainer.optimizer.step()
+    pass_logprob: dict[str, float] = {}  # each demonstration's log-prob, over the current pass
+    for step, (indices, pass_ends) in zip(range(settings.steps), steps, strict=False):
+        metrics, sequence_logprobs = _sft_step(trainer, batch, indices, settings.grad_clip, device)
+        for index, logprob in zip(indices, sequence_logprobs, strict=True):
+            pass_logprob[demonstration_of[index]] = pass_logprob.get(demonstration_of[index], 0.0) + logprob
+        metrics["least_likely_demonstration_logprob"] = min(pass_logprob.values())
         if schedule is not None:
             schedule.step()
-        with torch.no_grad():
-            sampled = logprobs[mask.bool()]
-            metrics = {"loss": float(loss), "mean_logprob": float(sampled.mean()),
-                       "token_accuracy": float((sampled > np.log(0.5)).float().mean()),
-                       "grad_norm": float(grad_norm), "learning_rate": learning_rate, "tokens": float(tokens),
-                       "seconds": time.monotonic() - started}
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
-        if not order and settings.stop_at_loss is not None and len(history) >= len(usable):
-            pass_loss = sum(entry["loss"] for entry in history[-len(usable):]) / len(usable)
-            if pass_loss <= settings.stop_at_loss:
+        if pass_ends:
+            if _reached(history, pass_logprob, 1 if settings.step_batch == "all" else len(usable), settings):
                 break
+            pass_logprob = {}
     trainer.steps += len(history)  # the checkpoint's count goes on (Trainer starts from it)
     return trainer.save(out_dir), history
+
+
+def _step_indices(count: int, settings: WarmStartConfig, seed: int):
+    """Each step's demonstrations and whether it ends a pass: all of them every step, or one each in a seeded
+    order so that every demonstration is seen equally often whatever the step count."""
+    shuffle = random.Random(seed)
+    while True:
+        if settings.step_batch == "all":
+            yield list(range(count)), True
+            continue
+        order = list(range(count))
+        shuffle.shuffle(order)
+        while order:
+            index = order.pop()
+            yield [index], not order
+
+
+def _reached(history: list[dict[str, float]], pass_logprob: dict[str, float], steps_in_pass: int,
+             settings: WarmStartConfig) -> bool:
+    if settings.stop_at_probability is not None:
+        if min(pass_logprob.values()) >= math.log(settings.stop_at_probability):
+            return True
+    if settings.stop_at_loss is not None:
+        recent = history[-steps_in_pass:]
+        if sum(entry["loss"] for entry in recent) / len(recent) <= settings.stop_at_loss:
+            return True
+    return False
+
+
+def _sft_step(trainer, batch, indices: list[int], grad_clip: float, device: str) -> tuple[dict[str, float], list[float]]:
+    """One optimizer step on the demonstrations `indices` (one forward and backward each, the loss their mean
+    over all their sampled tokens). Returns the step's metrics and each one's log-prob (summed over its sampled
+    tokens, before the update)."""
+    from lego.train.trainer import collate, token_logprobs
+
+    started = time.monotonic()
+    masks = [collate(batch, [index], need_routing=False).response_mask for index in indices]
+    tokens = float(sum(mask.sum() for mask in masks)) or 1.0
+    trainer.optimizer.zero_grad(set_to_none=True)
+    total, sampled, sequence_logprobs = 0.0, [], []
+    for index, mask in zip(indices, masks, strict=True):
+        micro = collate(batch, [index], need_routing=False)
+        mask = mask.to(device)
+        logprobs, _ = token_logprobs(trainer.model, micro.input_ids.to(device), mask, None, with_entropy=False)
+        loss = -(logprobs * mask).sum() / tokens
+        loss.backward()
+        total += float(loss)
+        with torch.no_grad():
+            picked = logprobs[mask.bool()]
+            sampled.append(picked)
+            sequence_logprobs.append(float(picked.sum()))
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), grad_clip)
+    learning_rate = float(trainer.optimizer.param_groups[0]["lr"])
+    trainer.optimizer.step()
+    picked = torch.cat(sampled)
+    return ({"loss": total, "mean_logprob": float(picked.mean()),
+             "token_accuracy": float((picked > np.log(0.5)).float().mean()), "grad_norm": float(grad_norm),
+             "learning_rate": learning_rate, "tokens": tokens, "seconds": time.monotonic() - started},
+            sequence_logprobs)
