@@ -28,11 +28,12 @@ phase; see `plan_candidates` and Verifier.decoy_plan).
 Limits, stated plainly:
 - A forger that knows the expected value (from the problem statement, or by guessing the natural one among the
   group, e.g. 0 among -2, 0, 2) can special-case it; that is hardcoding the answer, and decoys do not stop it.
-- A flipped truth (`assert x` / `assert not x`, `is None` / `is not None`) allows one decoy only, and it catches a
-  forger that passes every test, not one that forces the asserted predicate to one answer: sites that change a
-  value or an exception come first wherever a test has one.
+- A flipped truth (`assert x` / `assert not x`, `is None` / `is not None`) allows one decoy, or k from two truths
+  flipped together; it catches a forger that passes every test, not one that forces the asserted predicate to one
+  answer, and a reader can bet on the member with no negation written in it. Sites that change a value or an
+  exception come first wherever a test has one.
 - A test with no checkable expectation (a bare call, a value it computes itself, an expectation that is also the
-  code's input: `assert word == singularize(word)`) gets no decoy, or one flipped comparison; `lego tasks validate`
+  code's input: `assert word == singularize(word)`) gets no decoy, or flipped comparisons; `lego tasks validate`
   names those tests. Its defence is then the in-process evidence alone.
 - A string expectation that echoes the test's inputs (`sql_format("select 1") == "SELECT 1"`) leaves few characters
   whose change keeps that likeness: where none is left, a decoy is less like the inputs than the real value, which
