@@ -415,9 +415,6 @@ class Trainer:
         scaled by it first (at 0, rollouts below their group's mean are not computed at all); the signal counts are
         the batch's own, before scaling.
         """
-        from verl.trainer.ppo.core_algos import kl_penalty
-        from verl.utils.torch_functional import masked_mean
-
         if len(batch) == 0:
             raise TrainError("empty TrainBatch")
         given = batch
@@ -442,37 +439,8 @@ class Trainer:
         for epoch in range(self.config.epochs):
             started = time.monotonic()
             self.optimizer.zero_grad(set_to_none=True)
-            total_loss, tokens = 0.0, 0
-            weighted = {"clipfrac": 0.0, "entropy": 0.0, "kl_to_inference": 0.0}
-            train_lp, inference_lp = [], []
-            drift_tokens = drift_total = 0.0
-            for group in groups:
-                micro = collate(batch, group, need_routing=self.replay)
-                loss, pg_metrics, logprobs, entropy = self.micro_loss(micro, actor_config)
-                loss.backward()
-                mask = micro.response_mask.to(logprobs.device)
-                n = float(mask.sum())
-                total_loss += float(loss.detach())
-                tokens += int(n)
-                with torch.no_grad():
-                    inference = micro.inference_logprobs.to(logprobs.device)
-                    weighted["clipfrac"] += pg_metrics.get("actor/pg_clipfrac", 0.0) * n
-                    if n:
-                        weighted["entropy"] += float(masked_mean(entropy, mask)) * n
-                        kl = kl_penalty(logprobs.detach(), inference, "low_var_kl")
-                        weighted["kl_to_inference"] += float(masked_mean(kl, mask)) * n
-                    selected = mask.bool()
-                    if epoch == 0:
-                        before.update(zip(group, (logprobs.detach() * mask).sum(dim=1).tolist(), strict=True))
-                    train_lp.append(logprobs.detach()[selected].cpu().numpy())
-                    inference_lp.append(inference[selected].cpu().numpy())
-                    measure = self.config.measure_routing_drift and micro.routed_experts is not None
-                    if epoch == 0 and measure:
-                        share = routing_difference_share(self.model, micro.input_ids.to(self.device),
-                                                         micro.routed_experts, micro.real_tokens.to(self.device))
-                        counted = float(micro.real_tokens.sum())
-                        drift_tokens += share * counted
-                        drift_total += counted
+            total_loss, tokens, weighted, train_lp, inference_lp, drift_tokens, drift_total = self.backward_epoch(
+                batch, groups, actor_config, epoch, before)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
             learning_rate = float(self.optimizer.param_groups[0]["lr"])
             self.optimizer.step()
@@ -511,6 +479,48 @@ class Trainer:
         if self.config.measure_update:
             metrics.update(self.update_effect(batch, groups, before))
         return metrics
+
+    def backward_epoch(self, batch: TrainBatch, groups: list[list[int]], actor_config, epoch: int,
+                       before: dict[int, float]) -> tuple:
+        """One epoch's forward and backward passes over the micro-batches `groups` (gradients accumulate), and
+        what they measured: (loss, response tokens, token-weighted clip fraction / entropy / KL to inference,
+        train and inference log-probs of the response tokens, routing-drift tokens and their total). In epoch 0
+        each sequence's summed log-prob goes to `before`."""
+        from verl.trainer.ppo.core_algos import kl_penalty
+        from verl.utils.torch_functional import masked_mean
+
+        total_loss, tokens = 0.0, 0
+        weighted = {"clipfrac": 0.0, "entropy": 0.0, "kl_to_inference": 0.0}
+        train_lp, inference_lp = [], []
+        drift_tokens = drift_total = 0.0
+        for group in groups:
+            micro = collate(batch, group, need_routing=self.replay)
+            loss, pg_metrics, logprobs, entropy = self.micro_loss(micro, actor_config)
+            loss.backward()
+            mask = micro.response_mask.to(logprobs.device)
+            n = float(mask.sum())
+            total_loss += float(loss.detach())
+            tokens += int(n)
+            with torch.no_grad():
+                inference = micro.inference_logprobs.to(logprobs.device)
+                weighted["clipfrac"] += pg_metrics.get("actor/pg_clipfrac", 0.0) * n
+                if n:
+                    weighted["entropy"] += float(masked_mean(entropy, mask)) * n
+                    kl = kl_penalty(logprobs.detach(), inference, "low_var_kl")
+                    weighted["kl_to_inference"] += float(masked_mean(kl, mask)) * n
+                selected = mask.bool()
+                if epoch == 0:
+                    before.update(zip(group, (logprobs.detach() * mask).sum(dim=1).tolist(), strict=True))
+                train_lp.append(logprobs.detach()[selected].cpu().numpy())
+                inference_lp.append(inference[selected].cpu().numpy())
+                measure = self.config.measure_routing_drift and micro.routed_experts is not None
+                if epoch == 0 and measure:
+                    share = routing_difference_share(self.model, micro.input_ids.to(self.device),
+                                                     micro.routed_experts, micro.real_tokens.to(self.device))
+                    counted = float(micro.real_tokens.sum())
+                    drift_tokens += share * counted
+                    drift_total += counted
+        return total_loss, tokens, weighted, train_lp, inference_lp, drift_tokens, drift_total
 
     def update_effect(self, batch: TrainBatch, groups: list[list[int]], before: dict[int, float]) -> dict[str, float]:
         """What the step did to the trained sequences' log-probs (summed over each one's sampled tokens), from
