@@ -4,7 +4,7 @@ setup:
 	bash scripts/setup.sh
 
 run:
-	bash scripts/setup.sh && .venv/bin/lego run
+	bash scripts/setup.sh --packages-only && .venv/bin/lego run
 
 test:
 	bash scripts/test.sh

@@ -6,8 +6,12 @@
 # Only what `lego run` needs. With `-c test` (scripts/test.sh), also what the test suite needs: the test extra and
 # Ray's, Chromium and its driver (the dashboard's browser test), valgrind (the proxy bench's instruction count)
 # and Harbor's own environment (the Harbor tests); each with a line saying what it is for.
+#
+# --packages-only: stop after the packages (`make run` does: `lego run` prepares the rest itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PACKAGES_ONLY=0
+if [ "${1:-}" = "--packages-only" ]; then PACKAGES_ONLY=1; shift; fi
 VENV=${LEGO_VENV:-.venv}
 PYTHON=${PYTHON:-}
 FOR_TESTS=0
@@ -92,4 +96,4 @@ if [ "$FOR_TESTS" = 1 ]; then
     fi
   fi
 fi
-"$VENV/bin/lego" setup "$@"
+[ "$PACKAGES_ONLY" = 1 ] || "$VENV/bin/lego" setup "$@"
