@@ -48,6 +48,25 @@ def _terminate(adapter: HarnessAdapter, session: Session, run: HarnessRun,
     return adapter.termination(result)
 
 
+async def _take_final_diff(sandbox: Sandbox, config: LegoConfig, trajectory: Trajectory,
+                           termination: TerminationReason) -> TerminationReason:
+    """The sandbox's diff as `trajectory.final_diff`, and how the run ended once a diff the agent made too large
+    or broke is counted."""
+    try:
+        trajectory.final_diff = await asyncio.to_thread(sandbox.diff, config.verify.max_patch_bytes)
+    except (PatchTooLarge, DiffBrokenByAgent) as exc:
+        # The agent's doing, whatever else happened: never a partial patch, never an infra retry.
+        trajectory.final_diff = ""
+        trajectory.error = tail(str(exc))
+        too_large = isinstance(exc, PatchTooLarge)
+        trajectory.metadata["failure_attribution"] = {
+            "by": "policy", "check": "patch_too_large" if too_large else "diff_broken_by_agent",
+            "error": tail(str(exc)), **({"max_patch_bytes": exc.cap} if too_large else {})}
+        if termination not in (TerminationReason.timeout, TerminationReason.overlong):
+            termination = TerminationReason.patch_too_large if too_large else TerminationReason.diff_broken
+    return termination
+
+
 async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResources, config: LegoConfig,
                    trajectory: Trajectory, scratch: Path) -> None:
     """One attempt; fills `trajectory`. Raises an INFRA_ERRORS exception for a failure of the machinery."""
@@ -105,19 +124,7 @@ async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResour
             if attribution["by"] != "policy":
                 raise HarnessFailed(f"{spec.name} exited {run.exit_code} ({attribution['check']}): "
                                     f"{tail(run.output)}", attribution)
-        try:
-            trajectory.final_diff = await asyncio.to_thread(sandbox.diff, config.verify.max_patch_bytes)
-        except (PatchTooLarge, DiffBrokenByAgent) as exc:
-            # The agent's doing, whatever else happened: never a partial patch, never an infra retry.
-            trajectory.final_diff = ""
-            trajectory.error = tail(str(exc))
-            too_large = isinstance(exc, PatchTooLarge)
-            trajectory.metadata["failure_attribution"] = {
-                "by": "policy", "check": "patch_too_large" if too_large else "diff_broken_by_agent",
-                "error": tail(str(exc)), **({"max_patch_bytes": exc.cap} if too_large else {})}
-            if termination not in (TerminationReason.timeout, TerminationReason.overlong):
-                termination = TerminationReason.patch_too_large if too_large else TerminationReason.diff_broken
-        trajectory.termination = termination
+        trajectory.termination = await _take_final_diff(sandbox, config, trajectory, termination)
         trajectory.segments, trajectory.calls = segments, calls
         trajectory.harness_log = run.output[-LOG_LIMIT:]
         actions_of = getattr(adapter, "actions", None)
