@@ -15,11 +15,11 @@ import tarfile
 from pathlib import Path
 
 import docker
-from docker.errors import APIError, DockerException, ImageNotFound
+from docker.errors import APIError, DockerException
 
 from lego.cache import content_hash
 from lego.errors import ImageBuildError, tail
-from lego.sandbox.image import commit_build_container, create_build_container, remove_build_container
+from lego.sandbox import image
 from lego.tasksets.environment import EnvironmentSpec
 from lego.tasksets.packages import PackageFetchError, debian_archives, python_tag, wheelhouse
 
@@ -55,12 +55,10 @@ def _exec(container, script: str, what: str) -> str:
 def ensure_env_image(client: docker.DockerClient, spec: EnvironmentSpec, source_image: str) -> str:
     """The image of `source_image` with `spec` installed; built when missing."""
     tag = env_image_tag(spec, source_image)
-    try:
-        client.images.get(tag)
+    if image.image_exists(client, tag):
         return tag
-    except ImageNotFound:
-        pass
-    container = create_build_container(client, source_image, f"cannot start {source_image} to install the environment")
+    container = image.create_build_container(client, source_image,
+                                             f"cannot start {source_image} to install the environment")
     try:
         container.start()
         stage: dict[str, Path] = {}
@@ -92,11 +90,12 @@ def ensure_env_image(client: docker.DockerClient, spec: EnvironmentSpec, source_
         steps.append(f"rm -rf {STAGE}")
         steps += [f"(cd / && {command})" for command in spec.setup]
         _exec(container, "\n".join(steps), f"installing the environment {spec.key()} ({_describe(spec)}) offline")
-        commit_build_container(container, tag, {"lego.env": spec.model_dump_json(), "lego.source_image": source_image})
+        image.commit_build_container(container, tag,
+                                     {"lego.env": spec.model_dump_json(), "lego.source_image": source_image})
     except (APIError, DockerException) as exc:
         raise ImageBuildError(f"building the environment image {tag} failed: {exc}") from exc
     finally:
-        remove_build_container(container)
+        image.remove_build_container(container)
     return tag
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import shlex
 
 import docker
-from docker.errors import APIError, BuildError, DockerException, ImageNotFound
+from docker.errors import APIError, BuildError, DockerException
 
 from lego.cache import content_hash
 from lego.errors import ImageBuildError, tail
-from lego.sandbox.image import commit_build_container, create_build_container, remove_build_container
+from lego.sandbox import image
 from lego.tasksets.task import Task, has_harbor_environment
 
 HARBOR_ENV_REPOSITORY = "lego-harbor-env"
@@ -54,19 +54,17 @@ def harbor_sandbox_task(client: docker.DockerClient, task: Task) -> Task:
     tag = harbor_layer_tag(task)
     served = task.model_copy(update={"environment": env.model_copy(
         update={"kind": "image", "image": tag, "dockerfile_dir": None})})
-    try:
-        client.images.get(tag)
+    if image.image_exists(client, tag):
         return served
-    except ImageNotFound:
-        pass
     try:
         built, _ = client.images.build(path=env.dockerfile_dir, tag=f"{tag}-build", network_mode="none", rm=True)
     except (BuildError, APIError, DockerException) as exc:
         raise ImageBuildError(
             f"Harbor task {task.instance_id}: building {env.dockerfile_dir} failed: {tail(str(exc))}. The "
             "environment must build without a network: base it on an image the engine already has") from exc
-    container = create_build_container(client, built.id, f"Harbor task {task.instance_id}: cannot start its environment "
-                                       "image", user="0", entrypoint=[])
+    container = image.create_build_container(
+        client, built.id, f"Harbor task {task.instance_id}: cannot start its environment image", user="0",
+        entrypoint=[])
     try:
         container.start()
         script = COMMIT_WORKDIR.format(workdir=shlex.quote(env.workdir), tag=shlex.quote(task.base_commit))
@@ -75,9 +73,9 @@ def harbor_sandbox_task(client: docker.DockerClient, task: Task) -> Task:
             raise ImageBuildError(
                 f"Harbor task {task.instance_id}: committing {env.workdir} in its environment failed (exit {code}): "
                 f"{tail(output.decode(errors='replace'))}. Lego needs bash and git in a Harbor environment image")
-        commit_build_container(container, tag, {"lego.task": task.instance_id}, Entrypoint=[], User="0")
+        image.commit_build_container(container, tag, {"lego.task": task.instance_id}, Entrypoint=[], User="0")
     except (APIError, DockerException) as exc:
         raise ImageBuildError(f"Harbor task {task.instance_id}: preparing its environment failed: {exc}") from exc
     finally:
-        remove_build_container(container)
+        image.remove_build_container(container)
     return served

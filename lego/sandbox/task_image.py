@@ -14,13 +14,12 @@ import tarfile
 from pathlib import Path
 
 import docker
-from docker.errors import APIError, DockerException, ImageNotFound
+from docker.errors import APIError, DockerException
 
 from lego.cache import content_hash, sha256_file
 from lego.errors import ImageBuildError, LegoError, tail
-from lego.sandbox import SNAPSHOT
+from lego.sandbox import SNAPSHOT, image
 from lego.sandbox.env_image import ensure_env_image, env_image_tag
-from lego.sandbox.image import commit_build_container, create_build_container, remove_build_container
 from lego.tasksets.task import Task
 
 TASK_REPOSITORY = "lego-task"
@@ -103,11 +102,8 @@ def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str) 
     # that commits it at base_commit (any other task comes back unchanged).
     task = harbor_sandbox_task(client, task)
     tag = task_image_tag(task, base_image)
-    try:
-        client.images.get(tag)
+    if image.image_exists(client, tag):
         return tag
-    except ImageNotFound:
-        pass
     env = task.environment
     source_image = env.image if env.kind == "image" else base_image
     if env.kind == "dockerfile":
@@ -125,7 +121,8 @@ def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str) 
             source_image = ensure_env_image(client, env.requires, source_image)
         except ImageBuildError as exc:
             raise ImageBuildError(f"task {task.instance_id}: its environment.requires: {exc}") from exc
-    container = create_build_container(client, source_image, f"task {task.instance_id}: cannot start {source_image}")
+    container = image.create_build_container(client, source_image,
+                                             f"task {task.instance_id}: cannot start {source_image}")
     try:
         container.start()
         if env.kind == "bundle":
@@ -143,10 +140,10 @@ def ensure_task_image(client: docker.DockerClient, task: Task, base_image: str) 
                 f"task {task.instance_id}: preparing the repository at {task.base_commit} failed "
                 f"(exit {code}): {tail(output.decode(errors='replace'))}"
             )
-        commit_build_container(container, tag, {"lego.task": task.instance_id,
-                                                "lego.meta": json.dumps({"base_commit": task.base_commit})})
+        image.commit_build_container(container, tag, {"lego.task": task.instance_id,
+                                                      "lego.meta": json.dumps({"base_commit": task.base_commit})})
     except (APIError, DockerException) as exc:
         raise ImageBuildError(f"task {task.instance_id}: building its image failed: {exc}") from exc
     finally:
-        remove_build_container(container)
+        image.remove_build_container(container)
     return tag
