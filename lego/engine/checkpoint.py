@@ -24,13 +24,13 @@ def default_model_path(config: LegoConfig, work: WorkDir) -> Path:
 
 def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool = False) -> Path:
     """Write a random-init Qwen3-MoE checkpoint with the real Qwen3 tokenizer; same spec and seed, same weights."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
     fingerprint = content_hash(spec.model_dump_json(), str(seed))
     marker = out / MARKER
     if marker.exists() and not force:
         if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
-            return out
+            return out  # before importing transformers: a rerun's set-up only checks
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
     tokenizer_dir = ensure_tokenizer()
     tokenizer = load_tokenizer(tokenizer_dir)
     model_config = Qwen3MoeConfig(
