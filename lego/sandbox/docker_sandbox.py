@@ -178,6 +178,42 @@ class LastCommandError(SandboxError):
     """A sandbox's last command could not be started (the gate never came up, or it was run already)."""
 
 
+def diff_script(tree: str, cap: int) -> str:
+    """The shell script that writes `tree`'s changes against the snapshot as a patch in a scratch GIT_DIR and
+    prints `LEGO_DIFF_OK <size>` and the patch base64-encoded, `LEGO_DIFF_TOO_LARGE <size>` past `cap` bytes, or
+    `LEGO_DIFF_FAILED <step>` (see DockerSandbox.diff for why each setting is there)."""
+    resets = ("!text !eol !crlf !filter !ident !working-tree-encoding !diff !merge !whitespace !delta "
+              "!export-ignore !export-subst")
+    return f"""
+set -u
+S=$(mktemp -d /tmp/.lego-diff.XXXXXXXXXX) || {{ echo LEGO_DIFF_FAILED mktemp; exit 90; }}
+trap 'rm -rf "$S"' EXIT
+G={SNAPSHOT}/.git
+mkdir -p "$S/git/objects/info" "$S/git/refs" "$S/git/info" "$S/home" || {{ echo LEGO_DIFF_FAILED mkdir; exit 90; }}
+git_() {{ env -i PATH=/usr/bin:/bin HOME="$S/home" XDG_CONFIG_HOME="$S/home" LC_ALL=C GIT_CONFIG_NOSYSTEM=1 \\
+  GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0 "$@"; }}
+base=$(git_ /usr/bin/git --git-dir="$G" rev-parse --verify 'HEAD^{{commit}}' 2>"$S/err") || {{ echo LEGO_DIFF_FAILED base; cat "$S/err"; exit 91; }}
+echo "$base" > "$S/git/HEAD"
+echo "$G/objects" > "$S/git/objects/info/alternates"
+printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n' > "$S/git/config"
+printf '* {resets}\\n' > "$S/git/info/attributes"
+if [ -f "$G/info/exclude" ]; then cp "$G/info/exclude" "$S/git/info/exclude"; fi
+cd {shlex.quote(tree)} || {{ echo LEGO_DIFF_FAILED cd; exit 92; }}
+run() {{ git_ GIT_DIR="$S/git" GIT_WORK_TREE={shlex.quote(tree)} GIT_INDEX_FILE="$S/index" /usr/bin/git \\
+  -c core.autocrlf=false -c core.safecrlf=false -c core.fsmonitor=false -c core.hooksPath=/dev/null \\
+  -c core.quotePath=true -c core.symlinks=true -c core.filemode=true -c core.ignoreCase=false \\
+  -c core.precomposeUnicode=false -c core.excludesFile=/dev/null -c diff.renames=true "$@"; }}
+run add -A . >"$S/err" 2>&1 || {{ echo LEGO_DIFF_FAILED add; tail -c 1500 "$S/err"; exit 93; }}
+run diff --cached --binary --no-textconv --no-ext-diff --no-color HEAD 2>"$S/err" | head -c {cap + 1} >"$S/patch"
+codes="${{PIPESTATUS[*]}}"
+size=$(stat -c %s "$S/patch")
+if [ "$size" -gt {cap} ]; then echo "LEGO_DIFF_TOO_LARGE $size"; exit 0; fi
+case "$codes" in "0 0") ;; *) echo "LEGO_DIFF_FAILED diff ($codes)"; tail -c 1500 "$S/err"; exit 94;; esac
+echo "LEGO_DIFF_OK $size"
+base64 -w0 "$S/patch"
+"""
+
+
 class DockerSandbox:
     def __init__(self, client: docker.DockerClient, container, workdir: str, config: SandboxConfig,
                  last_command: LastCommand | None = None):
@@ -371,6 +407,29 @@ class DockerSandbox:
             raise FileNotFoundError(f"{path} in {self.name}: {tail(result.output.strip())}")
         return base64.b64decode(result.output)
 
+    def _take_diff(self, tree: str, cap: int) -> tuple[str, str, ExecResult]:
+        """(status, patch, result) of running diff_script on `tree`: status is ok, too_large (the patch is then
+        the size it reached) or failed."""
+        import math
+
+        limit = 4 * math.ceil((cap + 1) / 3) + (64 << 10)
+        result = self.exec(diff_script(tree, cap), timeout=120, workdir="/", output_limit=limit)
+        if result.exit_code != 0 or result.timed_out or result.truncated:
+            return "failed", "", result
+        lines = result.output.split("\n")
+        for index, line in enumerate(lines):
+            if line.startswith("LEGO_DIFF_TOO_LARGE "):
+                return "too_large", line.split()[1], result
+            if line.startswith("LEGO_DIFF_OK "):
+                try:
+                    data = base64.b64decode("".join(lines[index + 1:]).strip(), validate=True)
+                except ValueError:
+                    break
+                if len(data) != int(line.split()[1]):
+                    break
+                return "ok", data.decode("utf-8", errors="replace"), result
+        return "failed", "", result
+
     def diff(self, max_bytes: int | None = None) -> str:
         """Changes of the working tree against the pristine snapshot, as a binary-safe git patch.
 
@@ -385,75 +444,19 @@ class DockerSandbox:
         control: it works -> the agent's tree broke it (DiffBrokenByAgent, the policy's failure); it fails
         too -> SandboxError (infra).
         """
-        import math
-
         from lego.sandbox import DiffBrokenByAgent, PatchTooLarge
 
         cap = int(max_bytes) if max_bytes else 256 << 20
-        resets = ("!text !eol !crlf !filter !ident !working-tree-encoding !diff !merge !whitespace !delta "
-                  "!export-ignore !export-subst")
-
-        def script(tree: str) -> str:
-            return f"""
-set -u
-S=$(mktemp -d /tmp/.lego-diff.XXXXXXXXXX) || {{ echo LEGO_DIFF_FAILED mktemp; exit 90; }}
-trap 'rm -rf "$S"' EXIT
-G={SNAPSHOT}/.git
-mkdir -p "$S/git/objects/info" "$S/git/refs" "$S/git/info" "$S/home" || {{ echo LEGO_DIFF_FAILED mkdir; exit 90; }}
-git_() {{ env -i PATH=/usr/bin:/bin HOME="$S/home" XDG_CONFIG_HOME="$S/home" LC_ALL=C GIT_CONFIG_NOSYSTEM=1 \\
-  GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0 "$@"; }}
-base=$(git_ /usr/bin/git --git-dir="$G" rev-parse --verify 'HEAD^{{commit}}' 2>"$S/err") || {{ echo LEGO_DIFF_FAILED base; cat "$S/err"; exit 91; }}
-echo "$base" > "$S/git/HEAD"
-echo "$G/objects" > "$S/git/objects/info/alternates"
-printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n' > "$S/git/config"
-printf '* {resets}\\n' > "$S/git/info/attributes"
-if [ -f "$G/info/exclude" ]; then cp "$G/info/exclude" "$S/git/info/exclude"; fi
-cd {shlex.quote(tree)} || {{ echo LEGO_DIFF_FAILED cd; exit 92; }}
-run() {{ git_ GIT_DIR="$S/git" GIT_WORK_TREE={shlex.quote(tree)} GIT_INDEX_FILE="$S/index" /usr/bin/git \\
-  -c core.autocrlf=false -c core.safecrlf=false -c core.fsmonitor=false -c core.hooksPath=/dev/null \\
-  -c core.quotePath=true -c core.symlinks=true -c core.filemode=true -c core.ignoreCase=false \\
-  -c core.precomposeUnicode=false -c core.excludesFile=/dev/null -c diff.renames=true "$@"; }}
-run add -A . >"$S/err" 2>&1 || {{ echo LEGO_DIFF_FAILED add; tail -c 1500 "$S/err"; exit 93; }}
-run diff --cached --binary --no-textconv --no-ext-diff --no-color HEAD 2>"$S/err" | head -c {cap + 1} >"$S/patch"
-codes="${{PIPESTATUS[*]}}"
-size=$(stat -c %s "$S/patch")
-if [ "$size" -gt {cap} ]; then echo "LEGO_DIFF_TOO_LARGE $size"; exit 0; fi
-case "$codes" in "0 0") ;; *) echo "LEGO_DIFF_FAILED diff ($codes)"; tail -c 1500 "$S/err"; exit 94;; esac
-echo "LEGO_DIFF_OK $size"
-base64 -w0 "$S/patch"
-"""
-
-        limit = 4 * math.ceil((cap + 1) / 3) + (64 << 10)
-
-        def take(tree: str) -> tuple[str, str, ExecResult]:
-            """(status, patch, result): status is ok, too_large or failed."""
-            result = self.exec(script(tree), timeout=120, workdir="/", output_limit=limit)
-            if result.exit_code != 0 or result.timed_out or result.truncated:
-                return "failed", "", result
-            lines = result.output.split("\n")
-            for index, line in enumerate(lines):
-                if line.startswith("LEGO_DIFF_TOO_LARGE "):
-                    return "too_large", line.split()[1], result
-                if line.startswith("LEGO_DIFF_OK "):
-                    try:
-                        data = base64.b64decode("".join(lines[index + 1:]).strip(), validate=True)
-                    except ValueError:
-                        break
-                    if len(data) != int(line.split()[1]):
-                        break
-                    return "ok", data.decode("utf-8", errors="replace"), result
-            return "failed", "", result
-
         # First end what the agent left running: a background job must neither change the tree while it is read
         # nor kill git, and stray processes (a fork bomb) must not hold every pid.
         self.reclaim_processes()
-        status, patch, result = take(self.workdir)
+        status, patch, result = self._take_diff(self.workdir, cap)
         if status == "failed":
             # The scratch space may be full of the agent's files (a filled /tmp must not pass for infra): nothing
             # there is needed any more (transcripts are collected before the diff), so free it and try again.
             self.exec("find /tmp /var/tmp -mindepth 1 -maxdepth 1 -user \"$(id -u)\" -exec rm -rf {} + "
                       "2>/dev/null; true", timeout=60, workdir="/")
-            status, patch, result = take(self.workdir)
+            status, patch, result = self._take_diff(self.workdir, cap)
         if status == "too_large":
             raise PatchTooLarge(f"the diff in {self.name} is over the cap of {cap} bytes (stopped reading at "
                                 f"{patch} bytes); it was not transferred", cap)
@@ -463,7 +466,7 @@ base64 -w0 "$S/patch"
             return patch
         error = (f"exit {result.exit_code}{' (timed out)' if result.timed_out else ''}"
                  f"{' (output truncated)' if result.truncated else ''}: {tail(result.output)}")
-        control, _, control_result = take(SNAPSHOT)
+        control, _, control_result = self._take_diff(SNAPSHOT, cap)
         if control in ("ok", "too_large"):
             raise DiffBrokenByAgent(f"taking the diff in {self.name} failed ({error}) while the same procedure on "
                                     "the pristine snapshot works: the agent's working tree broke it")
