@@ -164,6 +164,31 @@ def _prepare_images(verifier: Verifier, tasks: list[Task]) -> dict[str, str]:
     return errors
 
 
+def _judge(verifier: Verifier, task: Task, result: TaskValidation,
+           outcomes: dict[tuple[str, str], list[Outcome]]) -> None:
+    """What the task's gradings say: its problems, a graded run as evidence of each, and advice where the task
+    itself may be at fault."""
+    if is_harbor_task(task):  # drawn by the gradings (cached): no run here
+        try:
+            result.reward_channel = trust_boundary(verifier.harbor_grading.profile(task))
+        except (InfraFailure, LegoError, DockerException) as exc:
+            result.reward_channel = f"unknown: {exc}"
+    result.problems = classify(result.gold, result.empty)
+    for problem in result.problems:
+        patch = "empty" if problem == "empty_resolves" else "gold"
+        runs_of = outcomes.get((task.instance_id, patch), [])
+        if problem in ("infra_error", "flaky"):
+            runs_of = [o for p in PATCHES for o in outcomes.get((task.instance_id, p), [])]
+        wanted = {"gold_not_resolved": lambda o: o.kind != OutcomeKind.resolved,
+                  "empty_resolves": lambda o: o.kind == OutcomeKind.resolved,
+                  "infra_error": lambda o: o.kind == OutcomeKind.infra_error}.get(problem, lambda o: True)
+        example = next((o for o in runs_of if wanted(o)), None)
+        if example is not None:
+            result.evidence[problem] = _summary(example)
+            if problem in ("gold_not_resolved", "infra_error", "flaky"):
+                result.advice += [line for line in advise(task, example) if line not in result.advice]
+
+
 def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, concurrency: int = 2,
                    console: Console | None = None) -> ValidationReport:
     """Grade gold and empty patches `runs` times for every task; `console` shows progress when given."""
@@ -228,27 +253,8 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
         for patch in PATCHES:
             kinds = [outcome.kind.value for outcome in outcomes.get((task.instance_id, patch), [])]
             setattr(result, patch, kinds)
-        if task.instance_id in image_errors:
-            continue
-        if is_harbor_task(task):  # drawn by the gradings above (cached): no run here
-            try:
-                result.reward_channel = trust_boundary(verifier.harbor_grading.profile(task))
-            except (InfraFailure, LegoError, DockerException) as exc:
-                result.reward_channel = f"unknown: {exc}"
-        result.problems = classify(result.gold, result.empty)
-        for problem in result.problems:
-            patch = "empty" if problem == "empty_resolves" else "gold"
-            runs_of = outcomes.get((task.instance_id, patch), [])
-            if problem in ("infra_error", "flaky"):
-                runs_of = [o for p in PATCHES for o in outcomes.get((task.instance_id, p), [])]
-            wanted = {"gold_not_resolved": lambda o: o.kind != OutcomeKind.resolved,
-                      "empty_resolves": lambda o: o.kind == OutcomeKind.resolved,
-                      "infra_error": lambda o: o.kind == OutcomeKind.infra_error}.get(problem, lambda o: True)
-            example = next((o for o in runs_of if wanted(o)), None)
-            if example is not None:
-                result.evidence[problem] = _summary(example)
-                if problem in ("gold_not_resolved", "infra_error", "flaky"):
-                    result.advice += [line for line in advise(task, example) if line not in result.advice]
+        if task.instance_id not in image_errors:
+            _judge(verifier, task, result, outcomes)
     return ValidationReport(list(results.values()), runs, concurrency, time.monotonic() - started)
 
 
