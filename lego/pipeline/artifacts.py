@@ -92,16 +92,20 @@ def artifact_dir(work: WorkDir, stage: str, key: str) -> Path:
 
 def load_result(work: WorkDir, stage: str, key: str) -> StageResult | None:
     """The complete artifact of (stage, key), or None (missing, or an output was deleted since)."""
-    path = artifact_dir(work, stage, key) / RESULT_FILE
+    result = _read_result(artifact_dir(work, stage, key) / RESULT_FILE)
+    if result is None or not all(Path(p).exists() for p in result.outputs.values()):
+        return None
+    return result.model_copy(update={"cached": True})
+
+
+def _read_result(path: Path) -> StageResult | None:
+    """The result file at `path`; None when there is none or it is not a complete result (a killed writer's)."""
     if not path.is_file():
         return None
     try:
-        result = StageResult.model_validate_json(path.read_text())
+        return StageResult.model_validate_json(path.read_text())
     except ValueError:
         return None
-    if not all(Path(p).exists() for p in result.outputs.values()):
-        return None
-    return result.model_copy(update={"cached": True})
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -149,12 +153,8 @@ def adopt_shared_result(work: WorkDir, stage: str, key: str, shared: Path) -> St
     """The artifact (stage, key) from the machine cache `shared`, copied into this work dir with its paths moved
     (and its data run beside this work dir's); None when the cache has none."""
     source = shared / key
-    found = source / "artifact" / RESULT_FILE
-    if not found.is_file():
-        return None
-    try:
-        result = StageResult.model_validate_json(found.read_text())
-    except ValueError:
+    result = _read_result(source / "artifact" / RESULT_FILE)
+    if result is None:
         return None
     directory = artifact_dir(work, stage, key)
     shutil.rmtree(directory, ignore_errors=True)
