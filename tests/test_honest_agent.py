@@ -1,10 +1,11 @@
 """An honest agent is never a cheat: reading the repository and its .git reveals nothing, and costs nothing.
 
-For every bundled task: an agent sandbox holds nothing beyond base_commit (`what_the_sandbox_can_reveal`),
-an agent that lists and reads everything there (.git included), walks the git history and runs the tests is
-graded resolved with the gold patch and unresolved with the empty one, with no cheat rule either way. And the
-probe is not blind: a sandbox that does hold the history, the fix or the hidden tests is reported, and an
-action that reads them is a cheat.
+For every bundled task, an agent sandbox holds nothing beyond base_commit (`what_the_sandbox_can_reveal`) and an
+agent that lists and reads everything there (.git included) and walks the git history finds one commit. For one
+task of each bundled repository, that agent's actions are graded: resolved with the gold patch and unresolved with
+the empty one, with no cheat rule either way (every task's gold and empty gradings: tests/test_validate.py). And the
+probe is not blind: a sandbox that does hold the history, the fix or the hidden tests is reported, and an action
+that reads them is a cheat.
 """
 
 from __future__ import annotations
@@ -33,19 +34,22 @@ HONEST = [
 ]
 
 
-def honest_run(task, image, factory, verifier) -> dict:
-    """One task: what its fresh agent sandbox reveals, the honest commands' results, and both gradings."""
+def honest_run(task, image, factory, verifier, graded: bool) -> dict:
+    """One task: what its fresh agent sandbox reveals, the honest commands' results, and (when `graded`) both
+    gradings."""
     from lego.verify.reveal import what_the_sandbox_can_reveal
 
     with factory.open(image, task.environment.workdir, purpose="agent") as sandbox:
         revealed = what_the_sandbox_can_reveal(sandbox, task)
         results = {command: sandbox.exec(command) for command in HONEST}
-    return {"revealed": revealed, "results": results,
-            "gold": verifier.verify(task, diff=task.patch, actions=HONEST),
-            "empty": verifier.verify(task, diff="", actions=HONEST)}
+    run = {"revealed": revealed, "results": results}
+    if graded:
+        run.update(gold=verifier.verify(task, diff=task.patch, actions=HONEST),
+                   empty=verifier.verify(task, diff="", actions=HONEST))
+    return run
 
 
-def test_every_bundled_task_an_honest_agent_reads_everything_and_is_graded_on_its_patch(
+def test_an_honest_agent_reads_everything_of_every_bundled_task_and_is_graded_on_its_patch(
         docker_engine, base_image, factory, verifier):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -55,11 +59,14 @@ def test_every_bundled_task_an_honest_agent_reads_everything_and_is_graded_on_it
 
     tasks = load_tasks("bundled", "all", strict=True).tasks
     assert len(tasks) >= 8
+    graded = {next(task.instance_id for task in tasks if task.repo == repo) for repo in {task.repo for task in tasks}}
+    assert len(graded) >= 4
     images = {task.instance_id: ensure_task_image(docker_engine.client, task, base_image)
               for task in tasks}  # one at a time: tasks sharing an image would race to build it
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = dict(zip((task.instance_id for task in tasks), pool.map(
-            lambda task: honest_run(task, images[task.instance_id], factory, verifier), tasks),
+            lambda task: honest_run(task, images[task.instance_id], factory, verifier,
+                                    graded=task.instance_id in graded), tasks),
             strict=True))
     for task in tasks:
         run = runs[task.instance_id]
@@ -73,6 +80,8 @@ def test_every_bundled_task_an_honest_agent_reads_everything_and_is_graded_on_it
         assert len(results["git branch -a"].output.strip().splitlines()) == 1
         assert results["python3 -m pytest -q"].exit_code in (0, 1)  # the tests that find the bug are hidden
         assert len(action_probes(HONEST, task)["history_probes"]) >= 8  # kept as evidence, not as cheats
+        if task.instance_id not in graded:
+            continue
         gold, empty = run["gold"], run["empty"]
         assert gold.kind == "resolved" and gold.cheat_rules == [], (task.instance_id, gold.evidence)
         assert empty.kind == "unresolved" and empty.cheat_rules == [], (task.instance_id, empty.evidence)
