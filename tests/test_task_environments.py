@@ -16,6 +16,10 @@ from lego.tasksets.testdeps import read_test_dependencies
 
 NEEDS_DEPENDENCIES = "bleach==6.1.0"  # imports six and webencodings; neither is in the base image
 PLAIN = ("inflection==0.5.1", "parse==1.20.2")
+# The mutation order's seed per package: one whose first detected mutation breaks a few tests. A grading runs each
+# FAIL_TO_PASS test alone besides the whole files, so a mutation that breaks forty tests costs minutes a grading
+# and proves nothing more here.
+SEEDS = {"bleach": 4, "inflection": 0, "parse": 4}
 
 
 # ---------------------------------------------------------------- reading and declaring (no Docker)
@@ -85,12 +89,14 @@ def pypi_task_set(tmp_path_factory, lego_config) -> Path:
     root = tmp_path_factory.mktemp("pypi-set")
     rows = []
     result = CliRunner().invoke(app, ["tasks", "synth", "-c", "test", "--pypi", NEEDS_DEPENDENCIES, "--out",
-                                      str(root / "bleach"), "--max-tasks", "1", "--max-candidates", "6"])
+                                      str(root / "bleach"), "--max-tasks", "1", "--max-candidates", "6",
+                                      "--seed", str(SEEDS["bleach"])])
     assert result.exit_code == 0, result.output
     rows += [json.loads(line) for line in (root / "bleach" / "tasks.jsonl").read_text().splitlines()]
     for requirement in PLAIN:
         name = requirement.split("==")[0]
-        report = synthesize(requirement=requirement, out_dir=root / name, max_tasks=1, max_candidates=6)
+        report = synthesize(requirement=requirement, out_dir=root / name, max_tasks=1, max_candidates=6,
+                            seed=SEEDS[name])
         rows += [task.model_dump(mode="json", exclude_none=True) for task in report.tasks]
     for row in rows:  # one task set: bundle paths relative to its file
         package = row["provenance"]["package"]
