@@ -75,5 +75,5 @@ def test_self_extending_config_is_caught(tmp_path):
 
 def test_flatten_for_mlflow_params():
     flat = flatten(load_config("default").model_dump(mode="json"))
-    assert flat["train.lr"] == pytest.approx(2e-3)
+    assert flat["train.lr"] == pytest.approx(3e-4)
     assert "model.init.hidden_size" in flat
