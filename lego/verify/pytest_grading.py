@@ -39,7 +39,7 @@ from pathlib import Path
 
 from docker.errors import DockerException
 
-from lego.cache import cache_dir, content_hash
+from lego.cache import cache_dir, content_hash, sha256_file
 from lego.config import VerifyConfig
 from lego.errors import LegoError, tail
 from lego.records import Outcome, OutcomeKind
@@ -425,6 +425,16 @@ def decoy_plan_key(task: Task, k: int) -> str:
     """What a task's decoy plan depends on: the tests, the fix, the environment, the decoy code's format."""
     return content_hash(str(DECOY_FORMAT), str(k), task.instance_id, task.base_commit, task.patch, task.test_patch,
                         json.dumps([task.FAIL_TO_PASS, task.PASS_TO_PASS]), task.test_command,
-                        task.environment.model_dump_json(), length=24)
+                        *_environment_identity(task), length=24)
+
+
+def _environment_identity(task: Task) -> list[str]:
+    """The environment as a plan depends on it: a bundle by its bytes, not by where it is kept, so the same task
+    set at another path (another clone, a temporary copy) finds its plans already made."""
+    env = task.environment
+    bundle = Path(env.bundle) if env.kind == "bundle" and env.bundle else None
+    if bundle is None or not bundle.is_absolute() or not bundle.is_file():
+        return [env.model_dump_json()]
+    return [env.model_dump_json(exclude={"bundle"}), sha256_file(bundle)]
 
 
