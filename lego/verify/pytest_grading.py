@@ -382,6 +382,13 @@ class PytestGrading:
             chosen |= {decoy for decoy, original in layout.decoys.items() if original in planned}
             spec.update(alone=[], select=[test for group in layout.groups for test in group if test in chosen])
             report = self._exec_runner(sandbox, task, spec, "with the gold patch and every candidate decoy", layout)
+        cut = [str(run.get("name")) for result in (as_written, report) for run in result.get("runs", [])
+               if run.get("timed_out")]
+        if cut:
+            # Tests a cut run never reached read as failing beside their decoys, which leaves whole files without
+            # decoys: such a plan is not made (nor cached) at all.
+            raise InfraFailure("verifier_timeout", f"the decoy plan's gold runs ran past verify.timeout_s "
+                               f"({', '.join(cut)}); raise verify.timeout_s or plan on a less loaded machine")
         return validated_plan(task, planned, candidates, layout, as_written, report)
 
 
