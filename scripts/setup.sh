@@ -92,7 +92,7 @@ if [ "$FOR_TESTS" = 1 ]; then
         echo "Harbor could not be installed into $HARBOR_VENV (see $LOG); its tests will skip (lego doctor says why)" >&2
       fi
     else
-      echo "no Python >= 3.12 here: Harbor is left out (its tests skip)"
+      echo "no Python >= 3.12 here: Harbor is left out (its tests will fail)"
     fi
   fi
 fi
