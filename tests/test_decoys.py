@@ -16,20 +16,11 @@ from collections import Counter
 
 import pytest
 
-from lego.verify.decoys import (
-    DecoyPlan,
-    DecoysOfTest,
-    NodeId,
-    SitePool,
-    Variant,
-    build_layout,
-    draw_variants,
-    find_function,
-    find_sites,
-    number_candidates,
-    param_table,
-    plan_candidates,
-)
+from lego.verify.decoys import DecoyPlan, DecoysOfTest, NodeId, build_layout, plan_candidates
+from lego.verify.decoys.candidates import number_candidates
+from lego.verify.decoys.model import SitePool, Variant, draw_variants, find_function
+from lego.verify.decoys.params import param_table
+from lego.verify.decoys.sites import find_sites
 
 PATH = "tests/test_mod.py"
 NAME = re.compile(r"test_[0-9a-f]{12}")

@@ -43,46 +43,9 @@ Limits, stated plainly:
 
 from __future__ import annotations
 
-from lego.verify.decoys.candidates import (
-    bits_candidates,
-    exception_candidates,
-    flip_pair_candidates,
-    module_vocabulary,
-    number_candidates,
-    param_candidates,
-    plan_candidates,
-    text_candidates,
-    vocabulary_candidates,
-)
-from lego.verify.decoys.layout import (
-    DecoyLayout,
-    Group,
-    Member,
-    build_layout,
-    graded_rows,
-    inherited,
-    mentions_outside,
-    random_name,
-    render_function,
-    rewrite_module,
-    validation_layout,
-)
-from lego.verify.decoys.model import (
-    DECOY_FORMAT,
-    MAX_SITES_PER_TEST,
-    MAX_VARIANTS_PER_SITE,
-    DecoyError,
-    DecoyPlan,
-    DecoysOfTest,
-    NodeId,
-    SitePool,
-    Variant,
-    draw_variants,
-    find_function,
-    literal,
-    parse_python,
-)
-from lego.verify.decoys.params import param_table, pytest_id
-from lego.verify.decoys.sites import checking_helpers, find_sites, imported_names
+from lego.verify.decoys.candidates import plan_candidates
+from lego.verify.decoys.layout import DecoyLayout, build_layout, mentions_outside, validation_layout
+from lego.verify.decoys.model import DECOY_FORMAT, DecoyError, DecoyPlan, DecoysOfTest, NodeId
 
-__all__ = ["DECOY_FORMAT", "DecoyError", "DecoyLayout", "DecoyPlan", "DecoysOfTest", "Group", "MAX_SITES_PER_TEST", "MAX_VARIANTS_PER_SITE", "Member", "NodeId", "SitePool", "Variant", "bits_candidates", "build_layout", "checking_helpers", "draw_variants", "exception_candidates", "find_function", "find_sites", "flip_pair_candidates", "graded_rows", "imported_names", "inherited", "literal", "mentions_outside", "module_vocabulary", "number_candidates", "param_candidates", "param_table", "parse_python", "plan_candidates", "pytest_id", "random_name", "render_function", "rewrite_module", "text_candidates", "validation_layout", "vocabulary_candidates"]
+__all__ = ["DECOY_FORMAT", "DecoyError", "DecoyLayout", "DecoyPlan", "DecoysOfTest", "NodeId", "build_layout",
+           "mentions_outside", "plan_candidates", "validation_layout"]
