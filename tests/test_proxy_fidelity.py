@@ -199,6 +199,71 @@ def test_claude_code_cache_markers_subagents_and_compaction(proxy):
     assert header > 0 and main[1].token_ids[:header].tolist() == main[0].token_ids[:header].tolist()
 
 
+# What Claude Code 2.1.197 puts in a fork's first request after the inherited history (its cli's fork agent).
+FORK_STARTED = "Fork started \u2014 processing in background"  # the fork's answer to the call that launched it
+FORK_DIRECTIVE = ("<fork-boilerplate>\nYou are a worker fork. The transcript above is the parent's history \u2014 "
+                  "inherited reference, not your situation. Execute ONE directive, then stop.\n</fork-boilerplate>\n\n"
+                  "Your directive: Run python3 test_calc.py and report its output.")
+ASYNC_LAUNCHED = ("Async agent launched successfully.\nagentId: a1b2c3 (internal ID - do not mention to user.)\n"
+                  "The agent is working in the background. You will be notified automatically when it completes.")
+
+
+def claude_tool_use(response: httpx.Response) -> dict:
+    """The streamed reply's tool_use block, as Claude Code replays it."""
+    events = sse_events(response)
+    tool = next(e["content_block"] for e in events if e["type"] == "content_block_start"
+                and e["content_block"]["type"] == "tool_use")
+    partial = "".join(e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"
+                      and e["delta"]["type"] == "input_json_delta")
+    return {"type": "tool_use", "id": tool["id"], "name": tool["name"], "input": json.loads(partial)}
+
+
+def tool_result(tool_use: dict, content) -> dict:
+    return {"type": "tool_result", "tool_use_id": tool_use["id"], "content": content, "is_error": False}
+
+
+def test_claude_code_fork_launched_by_a_reply_without_text_is_a_subagent(proxy):
+    """Claude Code's fork sub-agent (CLAUDE_CODE_FORK_SUBAGENT=1, `Agent(subagent_type: "fork")`) in the shape 2.1.197
+    sends: the main agent's system prompt and exact tools, its whole history, a copy of the launching reply, and a
+    user turn answering that call with the fork's directive. Its billing header adds `cc_is_subagent=true;`. A
+    launching reply without text replays key for key, so the fork holds all of the main branch, sampled reply
+    included: only the header says it is another agent. It is a sub-agent of its own, and the main thread's last
+    segment is the one the main agent's last call sampled in."""
+    body = capture("claude_code")
+    session, engine = proxy.open_session(), proxy.engine
+    fork_arguments = {"description": "Run the tests", "subagent_type": "fork",
+                      "prompt": "Run python3 test_calc.py and report its output."}
+    engine.script(assistant_text("", [("Agent", fork_arguments)]),
+                  assistant_text("", [("Bash", {"command": "python3 test_calc.py"})]),
+                  "The fork is running the tests.",
+                  "Ran python3 test_calc.py: all tests passed.")
+    main = copy.deepcopy(body["messages"][:2])  # the user turn and the mid-conversation system entry
+    launch = claude_tool_use(post(session, "/v1/messages?beta=true", claude_request(body, main)))
+    launching_reply = {"role": "assistant", "content": [launch]}  # no text block: the model wrote only the call
+    fork_body = copy.deepcopy(body)
+    header = fork_body["system"][0]
+    assert header["text"].startswith("x-anthropic-billing-header: cc_version=")  # the capture's own header
+    header["text"] += " cc_is_subagent=true;"
+    fork = [*copy.deepcopy(main), copy.deepcopy(launching_reply),
+            {"role": "user", "content": [tool_result(launch, [{"type": "text", "text": FORK_STARTED}]),
+                                         {"type": "text", "text": FORK_DIRECTIVE}]}]
+    move_cache_marker(fork)
+    fork_call = claude_tool_use(post(session, "/v1/messages?beta=true", claude_request(fork_body, fork)))
+    main += [launching_reply, {"role": "user", "content": [tool_result(launch, ASYNC_LAUNCHED)]}]
+    move_cache_marker(main)
+    post(session, "/v1/messages?beta=true", claude_request(body, main))
+    fork += [{"role": "assistant", "content": [fork_call]},
+             {"role": "user", "content": [tool_result(fork_call, "all tests passed")]}]
+    move_cache_marker(fork)
+    post(session, "/v1/messages?beta=true", claude_request(fork_body, fork))
+    segments, calls = check_fidelity(session, engine)
+    assert kinds(calls) == ["start", "subagent", "extend", "subagent"]
+    assert [s.thread for s in segments] == ["main", "subagent:1"]
+    assert [s.reason for s in segments] == ["start", "subagent"]
+    assert calls[1].segment_index == calls[3].segment_index == 1  # the fork's calls: one conversation, one segment
+    assert calls[2].segment_index == 0  # the main agent's last call sampled in the last main segment
+
+
 def test_codex_responses_items_and_event_sequence(proxy):
     body = capture("codex")
     session, engine = proxy.open_session(), proxy.engine

@@ -14,7 +14,11 @@ How a request becomes tokens (the heart of tokens in / tokens out):
      text or tools mid-conversation). It joins that thread (kind `rewrite`: the prompt renders differently from the
      start). Sharing user messages is not enough: a forked sub-agent replays them, never the parent's sampled
      replies. A request without tools that replays a conversation is a side call (a summary, a classifier), not
-     the agent going on.
+     the agent going on. Nor does a request whose system text marks it a sub-agent continue a thread whose
+     requests lack the mark (or the other way round): Claude Code's billing header adds `cc_is_subagent=true;`
+     for every agent but the main one, and its fork sub-agent (`Agent(subagent_type: "fork")`) sends the main
+     system text and tools, the whole main history and a copy of the launching reply, which matches key for key
+     when that reply has no text. The mark is all that tells such a fork from the main agent going on.
   3. Otherwise a new thread.
   The main thread is the first thread whose requests carry tools (or, when no request ever carries tools, the first
   thread): harnesses start their main agent before any sub-agent, and a title request carries no tools. Every other
@@ -177,6 +181,7 @@ class Thread:
     key: str  # the signature of its first request (see `agent_signature`)
     order: int
     has_tools: bool
+    marked_subagent: bool = False  # its requests' system text says a sub-agent sends them (`marked_subagent`)
     branches: list[Branch] = field(default_factory=list)
     system_keys: set[MatchKey] = field(default_factory=set)  # keys of its requests' leading system messages
 
@@ -248,6 +253,19 @@ class _Plan:
 VOLATILE = (
     re.compile(r"cc_version=[^;\s]*;?"),  # Claude Code: its version and a fingerprint of the first user message
 )
+
+
+# A harness's own statement, in a system text, that another agent than the main one sends the request.
+SUBAGENT_MARKS = (
+    # Claude Code: a field of the billing header that opens the (normalized) system text
+    re.compile(r"x-anthropic-billing-header:(?: [\w-]+=[^;\s]*;)*? cc_is_subagent=true;"),
+)
+
+
+def marked_subagent(conversation: Conversation) -> bool:
+    """Whether the request's system text says a sub-agent sent it (see `SUBAGENT_MARKS`)."""
+    text = conversation.system_text()
+    return any(mark.match(text) for mark in SUBAGENT_MARKS)
 
 
 @functools.lru_cache(maxsize=64)
@@ -485,11 +503,13 @@ class Session:
         thread = self._signatures.get(signature)
         if thread is None:
             body = keys[1 + system:]
-            held = [(t.continued_by(body), -t.order, t) for t in self._threads] if conversation.tools else []
+            marked = marked_subagent(conversation)
+            held = [(t.continued_by(body), -t.order, t) for t in self._threads
+                    if t.marked_subagent == marked] if conversation.tools else []
             best = max(held, key=lambda h: h[:2], default=(0, 0, None))
             thread = best[2] if best[0] else None
             if thread is None:
-                thread = Thread(signature, len(self._threads), bool(conversation.tools))
+                thread = Thread(signature, len(self._threads), bool(conversation.tools), marked)
                 self._threads.append(thread)
             self._signatures[signature] = thread
         thread.system_keys.update(keys[1:1 + system])
