@@ -352,5 +352,5 @@ def test_a_render_slower_than_the_refresh_tick_is_still_shown(work, config, runs
     monkeypatch.setattr(data, "load_run", slow_load_run)
     with serve(work, config, refresh_s=0.25).start() as running:
         driver.get(f"{running.url}?run={FINISHED}")
-        wait_for_text(driver, "h-status", "completed", timeout=30)
+        wait_for_text(driver, "h-status", "completed", timeout=120)
         wait_for_text(driver, "overview-curve", "6/11", timeout=30)
