@@ -45,6 +45,7 @@ class PlainLog(io.TextIOBase):
         self.path = path
         self._file = open(path, "a", encoding="utf-8", errors="replace", buffering=1)
         self._lock = threading.Lock()
+        self.raw_fd: int | None = None  # where raw writers go (the pump's pipe, while one runs)
 
     def write(self, text: str) -> int:
         # After the run (closed), late writers are dropped: Prefect's exit hook stops its temporary server with
@@ -60,7 +61,7 @@ class PlainLog(io.TextIOBase):
                 self._file.flush()
 
     def fileno(self) -> int:
-        return self._file.fileno()
+        return self.raw_fd if self.raw_fd is not None else self._file.fileno()
 
     def isatty(self) -> bool:
         return False
@@ -71,6 +72,51 @@ class PlainLog(io.TextIOBase):
     def close(self) -> None:
         with self._lock:
             self._file.close()
+
+
+class _FdPump:
+    """A pipe standing in for file descriptors 1 and 2, drained into a `PlainLog` by a thread: what child
+    processes write there raw (bars redrawn with carriage returns, colours) reaches the log as plain lines too.
+    Text is passed on a line at a time, so an escape sequence split between two reads is still recognised."""
+
+    def __init__(self, log: PlainLog) -> None:
+        self.log = log
+        self.read_fd, self.write_fd = os.pipe()
+        self._synced = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="lego-run-log", daemon=True)
+        self._thread.start()
+
+    SYNC = b"\x00lego-run-log-sync\x00"
+
+    def _drain(self) -> None:
+        pending = b""
+        while chunk := os.read(self.read_fd, 65536):
+            pending += chunk
+            if self.SYNC in pending:
+                before, _, after = pending.partition(self.SYNC)
+                self.log.write(before.decode("utf-8", errors="replace"))
+                pending = after
+                self._synced.set()
+            cut = max(pending.rfind(b"\n"), pending.rfind(b"\r"))
+            if cut >= 0:
+                self.log.write(pending[:cut + 1].decode("utf-8", errors="replace"))
+                pending = pending[cut + 1:]
+        if pending:
+            self.log.write(pending.decode("utf-8", errors="replace"))
+
+    def sync(self, wait_s: float = 5.0) -> None:
+        """Wait until what was written to the pipe so far is in the log, so a line written after it stays after."""
+        self._synced.clear()
+        os.write(self.write_fd, self.SYNC)
+        self._synced.wait(wait_s)
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop taking writes (fds 1 and 2 are restored first); a child that outlives the run and still holds the
+        pipe leaves its later lines unread rather than the run waiting for it."""
+        os.close(self.write_fd)
+        self._thread.join(wait_s)
+        if not self._thread.is_alive():
+            os.close(self.read_fd)
 
 
 class _TerminalHandler(logging.Handler):
@@ -89,9 +135,11 @@ class _TerminalHandler(logging.Handler):
 class RunOutput:
     terminal: Console  # the person's terminal (a plain stream when stdout is not one)
     log: PlainLog
+    pump: _FdPump
 
     def echo(self, text: str = "", style: str | None = None) -> None:
-        """A line for the person, also kept in the log."""
+        """A line for the person, also kept in the log (after what child processes wrote before it)."""
+        self.pump.sync()
         self.terminal.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
         self.log.write(text + "\n")
 
@@ -113,27 +161,31 @@ def run_output(log_path: Path, stage_logger: str) -> Iterator[RunOutput]:
     logger = logging.getLogger(stage_logger)
     handlers = [_TerminalHandler(terminal), logging.StreamHandler(log)]
     handlers[1].setFormatter(logging.Formatter("%(asctime)s | %(name)s | %(message)s", "%H:%M:%S"))
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
+    pump = _FdPump(log)
+    log.raw_fd = pump.write_fd
+    os.dup2(pump.write_fd, 1)
+    os.dup2(pump.write_fd, 2)
     sys.stdout = sys.stderr = log
     for handler in handlers:
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
     try:
-        yield RunOutput(terminal, log)
+        yield RunOutput(terminal, log, pump)
     except BaseException:
         logging.getLogger("lego").exception("the run stopped")
         raise
     finally:
         for handler in handlers:
             logger.removeHandler(handler)
-        log.flush()
         sys.stdout, sys.stderr = saved_streams
         os.dup2(saved_fds[0], 1)
         os.dup2(saved_fds[1], 2)
         for fd in saved_fds:
             os.close(fd)
+        pump.close()
+        log.raw_fd = None
+        log.flush()
         terminal_stream.flush()
         terminal_stream.close()
         log.close()
