@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import ast
 import difflib
+import os
 import random
 import re
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
 
-from lego.verify.decoys import DecoyPlan, DecoysOfTest, NodeId, build_layout, plan_candidates
+from lego.verify.decoys import (
+    DecoyPlan,
+    DecoysOfTest,
+    NodeId,
+    build_layout,
+    plan_candidates,
+    validation_layout,
+)
 from lego.verify.decoys.candidates import number_candidates
 from lego.verify.decoys.model import SitePool, Variant, draw_variants, find_function
 from lego.verify.decoys.params import param_table
@@ -200,7 +210,7 @@ def test_flips_and_exceptions():
               "    with pytest.raises(ValueError):\n"
               "        parse('x')\n")
     kinds = [kind for kind, _ in sites(source, "test_misc")]
-    assert kinds == ["exception", "flip_is", "flip_compare", "flip_call", "flip_assert"]
+    assert kinds == ["exception", "singleton", "flip_is", "flip_compare", "flip_call", "flip_assert"]
 
 
 def test_a_string_of_punctuation_only_is_a_site_where_it_mixes_marks():
@@ -219,7 +229,7 @@ def test_a_string_of_punctuation_only_is_a_site_where_it_mixes_marks():
 
 def test_two_truth_checks_are_flipped_in_pairs_where_a_test_has_no_value_to_change():
     source = ("def test_none():\n"
-              "    assert parse('{:d}', 'abc') is None\n"
+              "    assert parse('{:d}', 'abc') is not None\n"
               "    assert valid(schema, {'a': 1})\n"
               "    assert not done\n")
     found = plan_of(source, ["test_none"]).tests[f"{PATH}::test_none"]
@@ -242,6 +252,255 @@ def test_two_truth_checks_are_flipped_in_pairs_where_a_test_has_no_value_to_chan
     valued = source + "    assert total() == 42\n"
     kinds = [pool.kind for pool in plan_of(valued, ["test_none"]).tests[f"{PATH}::test_none"].pools]
     assert kinds == ["value", "flip_pair"]
+
+
+RAISING = """import unittest
+import pytest
+from pytest import raises
+
+SE = raises(KeyError)
+BROAD = raises(SystemExit)
+
+
+def expect(error):  # a manager of the module's own: it might pass a block that raises nothing
+    return raises(error)
+
+
+def test_dropped(self):
+    with pytest.raises(ValueError):
+        parse('x')
+    with raises(KeyError, match='k'):
+        lookup('k')
+    with SE:
+        lookup('k')
+    for word in ['a', 'b']:
+        with pytest.raises(ValueError) as info:
+            parse(word)
+    with self.assertRaisesRegex(ValueError, 'bad'):
+        parse('y')
+
+
+def test_kept(self, error):
+    try:
+        with pytest.raises(ValueError):
+            parse('x')
+    except Exception:
+        pass
+    if ready():
+        with pytest.raises(ValueError):
+            parse('x')
+    with self.subTest():
+        with self.assertRaises(ValueError):
+            parse('x')
+    with pytest.raises(ValueError), open('f'):
+        parse('x')
+    for word in words():
+        with pytest.raises(ValueError):
+            parse(word)
+    for word in ['a', 'b']:
+        if word == 'b':
+            continue
+        with pytest.raises(ValueError):
+            parse(word)
+    with expect(ValueError):
+        parse('x')
+    with pytest.raises(pytest.skip.Exception):
+        parse('x')
+    with BROAD:
+        parse('x')
+    with pytest.raises(error):
+        parse('x')
+    pytest.raises(ValueError, parse, 'x')
+
+    def inner():
+        with pytest.raises(ValueError):
+            parse('x')
+
+
+def test_shadowed():
+    SE = make()
+    with SE:
+        lookup('k')
+
+
+def test_returns_early():
+    if skip_it():
+        return
+    with pytest.raises(ValueError):
+        parse('x')
+"""
+
+
+def test_an_expected_exception_block_is_a_site_only_where_every_passing_run_lets_its_exception_out():
+    dropped = [text.splitlines()[0] for kind, text in sites(RAISING, "test_dropped") if kind == "flip_raises"]
+    assert sorted(dropped) == sorted(["with pytest.raises(ValueError):", "with raises(KeyError, match='k'):",
+                                      "with SE:", "with self.assertRaisesRegex(ValueError, 'bad'):",
+                                      "with pytest.raises(ValueError) as info:"])
+    for test in ("test_kept", "test_shadowed", "test_returns_early"):
+        assert "flip_raises" not in [kind for kind, _ in sites(RAISING, test)], test
+
+
+def test_a_dropped_block_and_a_check_inside_it_pair_only_where_the_check_fails_out_of_the_block():
+    source = ("import pytest\n\n\ndef test_message():\n"
+              "    with pytest.raises(ValueError):\n"
+              "        try:\n"
+              "            parse('x')\n"
+              "        except ValueError as error:\n"
+              "            assert 'bad' in str(error)\n"
+              "            raise\n")
+    found = plan_of(source, ["test_message"]).tests[f"{PATH}::test_message"]
+    assert [pool.kind for pool in found.pools] == ["exception", "flip_pair"]
+    assert {kind for variant in found.pools[1].variants for _, kind in variant.flips} == {"flip_raises", "flip_compare"}
+    # The check in the try's own body: its AssertionError would be caught there, so it is never paired.
+    caught = source.replace("            parse('x')\n", "            parse('x')\n            assert ok()\n")
+    caught = caught.replace("        except ValueError as error:", "        except Exception as error:")
+    pairs = plan_of(caught, ["test_message"]).tests[f"{PATH}::test_message"].pools[-1]
+    nested = [variant.flips for variant in pairs.variants if len(variant.flips) == 2]
+    assert all("flip_assert" not in {kind for _, kind in flips} or "flip_raises" not in {kind for _, kind in flips}
+               for flips in nested)
+
+
+def test_singletons_and_orders_offer_the_other_two():
+    source = ("def test_checks(self):\n"
+              "    assert find('b') is None\n"
+              "    assert size(a) > size(b)\n"
+              "    assert total(a) == total(b)\n"
+              "    self.assertEqual(count(a), count(b))\n"
+              "    assert count(a) == 3\n"
+              "    assert found is not None\n")
+    found = plan_candidates(source, [f"{PATH}::test_checks"], 2, random.Random(0))[f"{PATH}::test_checks"]
+    module = ast.parse(source)
+    nodes = list(ast.walk(module.body[0]))
+    pools = {ast.unparse(nodes[pool.site]): tuple(sorted(v.replacement for v in pool.variants)) for pool in found.pools
+             if pool.kind in ("singleton", "order")}
+    kinds = [kind for kind, _ in sites(source, "test_checks")]
+    assert kinds.count("singleton") == 1 and kinds.count("order") == 3  # `count(a) == 3` has a value to change
+    assert set(pools.values()) <= {("False", "True"), ("<", "=="), ("<", ">"), ("assertGreater", "assertLess")}
+
+
+def test_singletons_and_orders_stand_only_where_every_passing_run_makes_the_check():
+    source = ("from itertools import combinations\n\n\n"
+              "def test_reach():\n"
+              "    word = 'abc'\n"
+              "    for pair in combinations(word, 2):\n"
+              "        assert index(pair) == rank(pair)\n"
+              "    for row in rows():\n"
+              "        assert left(row) == right(row)\n"
+              "    if ready():\n"
+              "        assert find('b') is None\n"
+              "    try:\n"
+              "        assert size(a) > size(b)\n"
+              "    except AssertionError:\n"
+              "        pass\n"
+              "    with pytest.raises(AssertionError):\n"
+              "        assert total(a) == total(b)\n"
+              "    while more():\n"
+              "        assert first() is None\n")
+    found = [(kind, text) for kind, text in sites(source, "test_reach") if kind in ("singleton", "order")]
+    assert found == [("order", "index(pair) == rank(pair)")]
+    assert not [kind for kind, _ in sites(source + "    return\n", "test_reach") if kind in ("singleton", "order")]
+
+SOUND_MODULE = '''import unittest
+
+import pytest
+from pytest import raises
+
+from calc import find, parse_int, size
+
+SE = raises(ValueError)
+
+
+def test_words_are_rejected():
+    assert parse_int("12") > parse_int("3")
+    with SE:
+        parse_int("twelve")
+
+
+def test_a_missing_key_is_none():
+    assert find({"a": 1}, "b") is None
+
+
+def test_sizes_agree():
+    assert size("abc") == size([1, 2, 3])
+
+
+def test_the_message_is_checked_inside_the_block():
+    with pytest.raises(ValueError):
+        try:
+            parse_int("x")
+        except ValueError as error:
+            assert "invalid literal" in str(error)
+            raise
+
+
+class TestCalc(unittest.TestCase):
+    def test_parse(self):
+        self.assertEqual(parse_int("7"), parse_int("07"))
+        for text in ["", "-"]:
+            with self.assertRaises(ValueError):
+                parse_int(text)
+'''
+GOLD = ("def parse_int(text):\n    return int(text)\n\n\ndef find(items, key):\n    return items.get(key)\n\n\n"
+        "def size(x):\n    return len(x)\n")
+# Another correct fix: its own error type and message, its own way to find and to count.
+OTHER_FIX = ("class NotANumber(ValueError):\n    pass\n\n\n"
+             "def parse_int(text):\n    if not text.strip('-').isdigit():\n"
+             "        raise NotANumber(f'invalid literal: {text!r}')\n    return int(text)\n\n\n"
+             "def find(items, key):\n    return items[key] if key in items else None\n\n\n"
+             "def size(x):\n    return sum(1 for _ in x)\n")
+
+
+def _outcomes(tmp_path, test_source: str, implementation: str) -> dict[str, str]:
+    """Each test id's outcome in a real pytest run of the rewritten module beside `implementation`."""
+    (tmp_path / "tests").mkdir(exist_ok=True)
+    (tmp_path / PATH).write_text(test_source)
+    (tmp_path / "calc.py").write_text(implementation)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--rootdir",
+                          str(tmp_path), PATH], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    found = {}
+    for line in run.stdout.splitlines():
+        if line.startswith(("PASSED ", "FAILED ", "ERROR ")):
+            outcome, test = line.split(" - ")[0].split(" ", 1)
+            found[test] = outcome
+    assert found, run.stdout + run.stderr
+    return found
+
+
+def test_every_decoy_of_the_sound_sites_fails_under_the_gold_fix_and_under_another_correct_fix(tmp_path):
+    tests = [f"{PATH}::{name}" for name in ("test_words_are_rejected", "test_a_missing_key_is_none",
+                                            "test_sizes_agree", "test_the_message_is_checked_inside_the_block",
+                                            "TestCalc::test_parse")]
+    candidates = plan_candidates(SOUND_MODULE, tests, 2, random.Random(0))
+    assert all(found.available(2) == 2 for found in candidates.values())
+    kinds = {pool.kind for found in candidates.values() for pool in found.pools}
+    kinds |= {kind for found in candidates.values() for pool in found.pools for v in pool.variants
+              for _, kind in v.flips}
+    assert {"flip_raises", "singleton", "order", "flip_pair"} <= kinds
+    layout = validation_layout({PATH: SOUND_MODULE}, candidates, tests, [])
+    text = layout.files[PATH]
+    assert len(layout.decoys) >= 2 * len(tests)
+    for implementation in (GOLD, OTHER_FIX):
+        outcomes = _outcomes(tmp_path, text, implementation)
+        assert all(outcomes.get(real) == "PASSED" for real in layout.real.values()), outcomes
+        assert all(outcomes.get(decoy) == "FAILED" for decoy in layout.decoys), outcomes
+
+
+def test_a_dropped_block_is_its_body_in_its_place():
+    test = f"{PATH}::test_words_are_rejected"
+    found = plan_candidates(SOUND_MODULE, [test], 2, random.Random(0))[test]
+    pair = next(pool for pool in found.pools if pool.kind == "flip_pair")
+    alone = next(variant for variant in pair.variants if [kind for _, kind in variant.flips] == ["flip_raises"])
+    plan = DecoyPlan(tests={test: found.model_copy(update={"pools": [pair.model_copy(update={
+        "variants": [alone, alone.model_copy()]})]})})
+    layout = build_layout({PATH: SOUND_MODULE}, plan, [test], [], k=2, pass_to_pass_sample=0, rng=random.Random(0))
+    functions = group_functions(layout.files[PATH])
+    real = NodeId.parse(layout.real[test]).name
+    assert "with SE:\n        parse_int('twelve')" in functions[real]
+    for decoy in layout.decoys:
+        name = NodeId.parse(decoy).name
+        assert functions[name].replace(name, real) == functions[real].replace(
+            "with SE:\n        parse_int('twelve')", "parse_int('twelve')")
 
 
 # ---------------------------------------------------------------------------------------------- candidates

@@ -44,7 +44,9 @@ def _mentions_outside(source: str, group: set[str]) -> Counter:
 
 
 def _site_text(function: ast.AST, site: int) -> str:
-    return ast.unparse(list(ast.walk(function))[site])
+    """The node at the site's index in this member (a decoy whose block was dropped has fewer nodes)."""
+    nodes = list(ast.walk(function))
+    return ast.unparse(nodes[site]) if site < len(nodes) else ""
 
 
 def _number(text: str) -> float | None:
@@ -85,6 +87,10 @@ def guesses(members: list[str], texts: dict[str, str], order: list[str], mention
         picks["no_negation"] = min(members, key=lambda m: ("not " in texts[m] or "False" in texts[m]
                                                           or "assertFalse" in texts[m] or "IsNot" in texts[m],
                                                           rng.random()))
+        picks["expects_exception"] = min(members, key=lambda m: (not texts[m].startswith("with "), rng.random()))
+    if kind in ("order", "singleton"):
+        picks["equality_or_none"] = min(members, key=lambda m: (not any(
+            mark in texts[m] for mark in (" == ", "assertEqual", "is None")), rng.random()))
     return picks
 
 

@@ -28,10 +28,16 @@ phase; see `plan_candidates` and Verifier.decoy_plan).
 Limits, stated plainly:
 - A forger that knows the expected value (from the problem statement, or by guessing the natural one among the
   group, e.g. 0 among -2, 0, 2) can special-case it; that is hardcoding the answer, and decoys do not stop it.
-- A flipped truth (`assert x` / `assert not x`, `is None` / `is not None`) allows one decoy, or k from two truths
-  flipped together; it catches a forger that passes every test, not one that forces the asserted predicate to one
-  answer, and a reader can bet on the member with no negation written in it. Sites that change a value or an
-  exception come first wherever a test has one.
+- A flipped truth (`assert x` / `assert not x`, `is None` / `is not None`, a `pytest.raises` block dropped)
+  allows one decoy, or k from two truths flipped together; it catches a forger that passes every test, not one
+  that forces the asserted predicate to one answer, and a reader can bet on the member with no negation written in
+  it (or the one that still expects an exception). Sites that change a value or an exception come first wherever a
+  test has one.
+- A singleton (`x is None` among `is True`, `is False`) or an order (`a == b` among `a < b`, `a > b`; also
+  assertEqual/assertLess/assertGreater) gives k decoys that always read as the same three checks, but only where
+  every passing run makes the check and nothing of the test catches its failure (reached.py): the real check then
+  held, so the others cannot. An order assumes the compared type's order agrees with its equality (no `a == b`
+  with `a < b`), as a flipped `>` already assumes that `<=` is its negation.
 - A test with no checkable expectation (a bare call, a value it computes itself, an expectation that is also the
   code's input: `assert word == singularize(word)`) gets no decoy, or flipped comparisons; `lego tasks validate`
   names those tests. Its defence is then the in-process evidence alone.

@@ -21,6 +21,10 @@ from lego.verify.decoys.model import (
     EXCEPTIONS,
     MAX_SITES_PER_TEST,
     MAX_VARIANTS_PER_SITE,
+    ORDER_CALLS,
+    ORDER_OPS,
+    ORDER_SYMBOLS,
+    SINGLETONS,
     DecoysOfTest,
     NodeId,
     SitePool,
@@ -28,6 +32,7 @@ from lego.verify.decoys.model import (
     parse_python,
 )
 from lego.verify.decoys.params import ParamTable, render_param
+from lego.verify.decoys.reached import escapes
 from lego.verify.decoys.sites import locate_sites
 
 
@@ -238,15 +243,33 @@ def param_candidates(table: ParamTable, names: set[str], k: int, rng: random.Ran
     return render_param(table), variants
 
 
+def alternatives(node: ast.AST) -> list[str]:
+    """What a singleton or an order site may check instead: the other constants of `is None/True/False`, the two
+    other comparisons of <, == and > (as operators, or as assertEqual/assertLess/assertGreater)."""
+    if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.Is):
+        return [repr(value) for value in SINGLETONS if value is not node.comparators[0].value]
+    if isinstance(node, ast.Compare):
+        symbols = {op: symbol for symbol, op in ORDER_SYMBOLS.items()}
+        return [symbols[op] for op in ORDER_OPS[type(node.ops[0])]]
+    return list(ORDER_CALLS[node.func.attr])
+
+
+def _pairable(nodes: list[ast.AST], a: tuple[int, str], b: tuple[int, str]) -> bool:
+    """Two flips that may change together: neither inside the other, or the inner one inside an expected-exception
+    block whose body it would fail out of (the block dropped and the inner check flipped, the decoy still fails)."""
+    outer, inner = (a, b) if id(nodes[b[0]]) in {id(node) for node in ast.walk(nodes[a[0]])} else (b, a)
+    if id(nodes[inner[0]]) not in {id(node) for node in ast.walk(nodes[outer[0]])}:
+        return True
+    return outer[1] == "flip_raises" and escapes(nodes[outer[0]], nodes[inner[0]])
+
+
 def flip_pair_candidates(nodes: list[ast.AST], flips: list[tuple[int, str]], rng: random.Random,
                          families: int = 3) -> list[Variant]:
     """Two truth checks of a test flipped together, as `bits_candidates` changes two truth values: the three other
     combinations of the pair, one family per pair (k of the three are drawn: with the real one, any three of the
     four, each as likely). A test whose only checks are truths gets k decoys this way, not one. Checks nested in
-    one another are never paired (flipping the outer one rewrites the inner)."""
-    inside = {index: {id(node) for node in ast.walk(nodes[index])} for index, _ in flips}
-    pairs = [(a, b) for position, a in enumerate(flips) for b in flips[position + 1:]
-             if id(nodes[b[0]]) not in inside[a[0]] and id(nodes[a[0]]) not in inside[b[0]]]
+    one another are paired only as `_pairable` says (flipping the outer one would otherwise rewrite the inner)."""
+    pairs = [(a, b) for position, a in enumerate(flips) for b in flips[position + 1:] if _pairable(nodes, a, b)]
     variants = []
     for a, b in rng.sample(pairs, min(families, len(pairs))):
         for chosen in ([a], [b], [a, b]):
@@ -299,6 +322,8 @@ def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | 
             elif kind == "exception":
                 original = node.id if isinstance(node, ast.Name) else ast.unparse(node)
                 variants = exception_candidates(original, exceptions, k, rng)
+            elif kind in ("singleton", "order"):
+                variants = [Variant(replacement=other, family=kind) for other in alternatives(node)]
             else:
                 variants = [Variant(family="flip")]
             if variants:

@@ -13,6 +13,7 @@ from lego.verify.decoys.model import (
     COMPLEMENTS,
     FLIP_CALLS,
     NAME_HEX,
+    ORDER_SYMBOLS,
     DecoyError,
     DecoyPlan,
     DecoysOfTest,
@@ -61,6 +62,20 @@ class _Rewrite(ast.NodeTransformer):
             func = copy.copy(node.func)
             func.attr = FLIP_CALLS[func.attr]
             return ast.copy_location(ast.Call(func=func, args=node.args, keywords=node.keywords), node)
+        if self.kind == "singleton":
+            return ast.copy_location(ast.Compare(left=node.left, ops=node.ops, comparators=[
+                ast.Constant(value=literal(self.variant.replacement))]), node)
+        if self.kind == "order" and isinstance(node, ast.Compare):
+            return ast.copy_location(ast.Compare(left=node.left, ops=[ORDER_SYMBOLS[self.variant.replacement]()],
+                                                 comparators=node.comparators), node)
+        if self.kind == "order":
+            func = copy.copy(node.func)
+            func.attr = self.variant.replacement
+            return ast.copy_location(ast.Call(func=func, args=node.args, keywords=node.keywords), node)
+        if self.kind == "flip_raises":
+            # The block's body in its place, the manager dropped: what the body raises now leaves the test. The
+            # body is visited too, so a check flipped inside it (a pair) is found wherever the rewrites run.
+            return [self.visit(statement) for statement in node.body]
         raise DecoyError(f"unknown decoy site kind {self.kind!r}")
 
 
@@ -275,7 +290,8 @@ def build_layout(sources: dict[str, str], plan: DecoyPlan, fail_to_pass: list[st
             ranked = []
             for pool in pools:
                 matched, fit = context.matching(pool) if context is not None else (pool, 0)
-                strength = {"value": 2, "param": 2, "bits": 2, "exception": 1}.get(pool.kind, 0)
+                strength = {"value": 2, "param": 2, "bits": 2, "exception": 1, "singleton": 1, "order": 1}.get(
+                    pool.kind, 0)
                 size = len(draw_variants(matched, k, random.Random(0)))
                 ranked.append(((matched.written, strength, fit, size), matched))
             best = max(rank for rank, _ in ranked)

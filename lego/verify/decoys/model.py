@@ -27,7 +27,7 @@ def literal(text: str):
     """The value of a literal's source (ast.literal_eval of a string parses it: one thread at a time too)."""
     return ast.literal_eval(parse_python(text, mode="eval").body)
 
-DECOY_FORMAT = 9  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+DECOY_FORMAT = 10  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
 MAX_SITES_PER_TEST = 2
 MAX_VARIANTS_PER_SITE = 10  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12
@@ -49,9 +49,28 @@ def is_equality_call(name: str) -> bool:
 # A comparison and its complement: when the real one holds, the complement does not.
 COMPLEMENTS = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt,
                ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+# unittest's checks and their complements: when the real one passes, the other fails (the same arguments).
 FLIP_CALLS = {"assertTrue": "assertFalse", "assertFalse": "assertTrue", "assertIsNone": "assertIsNotNone",
-              "assertIsNotNone": "assertIsNone"}
+              "assertIsNotNone": "assertIsNone", "assertIs": "assertIsNot", "assertIsNot": "assertIs",
+              "assertIn": "assertNotIn", "assertNotIn": "assertIn", "assertIsInstance": "assertNotIsInstance",
+              "assertNotIsInstance": "assertIsInstance", "assertEqual": "assertNotEqual",
+              "assertNotEqual": "assertEqual", "assertAlmostEqual": "assertNotAlmostEqual",
+              "assertNotAlmostEqual": "assertAlmostEqual", "assertRegex": "assertNotRegex",
+              "assertNotRegex": "assertRegex", "assertGreater": "assertLessEqual", "assertLessEqual": "assertGreater",
+              "assertLess": "assertGreaterEqual", "assertGreaterEqual": "assertLess"}
+# Of <, == and >, one holds at most (in an order that agrees with its equality): where the real check asserts one,
+# each decoy asserts one of the other two, so the group always reads as the same three comparisons.
+ORDER_OPS: dict[type, tuple[type, type]] = {ast.Eq: (ast.Lt, ast.Gt), ast.Lt: (ast.Eq, ast.Gt),
+                                            ast.Gt: (ast.Lt, ast.Eq)}
+ORDER_SYMBOLS: dict[str, type] = {"<": ast.Lt, "==": ast.Eq, ">": ast.Gt}
+ORDER_CALLS = {"assertEqual": ("assertLess", "assertGreater"), "assertLess": ("assertEqual", "assertGreater"),
+               "assertGreater": ("assertLess", "assertEqual")}
+SINGLETONS = (None, True, False)  # `x is None` holds: `x is True` and `x is False` cannot
 RAISES_CALLS = frozenset({"raises", "assertRaises", "assertRaisesRegex", "assertRaisesRegexp"})
+# Exceptions that pytest does not report as a failure when they escape a test (a skip, an exit, an interrupt): a
+# decoy that lets one escape would not fail. Matched against every name in the expected-exception expression.
+NOT_FAILURES = frozenset({"BaseException", "SystemExit", "KeyboardInterrupt", "GeneratorExit", "SkipTest",
+                          "Skipped", "XFailed", "Exit", "OutcomeException"})
 # Builtin exceptions a decoy may expect instead; one related to the real type by inheritance is never drawn.
 EXCEPTIONS = ("ValueError", "TypeError", "KeyError", "IndexError", "AttributeError", "RuntimeError",
               "ZeroDivisionError", "NotImplementedError", "UnicodeDecodeError", "OverflowError", "FileNotFoundError",
@@ -79,7 +98,9 @@ class SitePool(BaseModel):
     """A checked expectation of one test and the variants that fail under the gold patch."""
 
     site: int  # the node's index in ast.walk order over the test function
-    kind: str  # value | param | bits | flip_assert | flip_is | flip_compare | flip_call | flip_pair | exception
+    # value | param | bits | exception | singleton | order | flip_assert | flip_is | flip_compare | flip_call |
+    # flip_raises | flip_pair
+    kind: str
     variants: list[Variant]
     # On a line the test patch wrote. A site on a line the repository already had can be read off its pristine copy
     # (git, the snapshot) by the graded code: the member that agrees with it is the real one.

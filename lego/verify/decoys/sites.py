@@ -17,12 +17,15 @@ from lego.verify.decoys.expressions import (
 from lego.verify.decoys.model import (
     COMPLEMENTS,
     FLIP_CALLS,
+    ORDER_CALLS,
+    ORDER_OPS,
     RAISES_CALLS,
     NodeId,
     find_function,
     is_equality_call,
 )
 from lego.verify.decoys.params import ParamTable, param_table
+from lego.verify.decoys.reached import ModuleFacts, always_reached, stable_expression
 
 
 @dataclass
@@ -45,7 +48,10 @@ class SiteFinder:
     helpers: dict[str, dict[int | str, bool]] = field(default_factory=dict)  # name -> positions/keywords checked
     param: ParamTable | None = None
     imported: frozenset[str] = frozenset()
+    facts: ModuleFacts = field(default_factory=ModuleFacts)
     sites: list[Site] = field(default_factory=list)
+    valued: set[int] = field(default_factory=set)  # the nodes of expectations that have a value to change
+    reached: set[int] = field(default_factory=set)  # the statements every passing run makes (reached.always_reached)
     param_names: set[str] = field(default_factory=set)  # the parametrize arguments that carry an expectation
 
     def __post_init__(self) -> None:
@@ -259,16 +265,31 @@ class SiteFinder:
             self.param_names = names & set(self.param.argnames)
             if self.param_names:
                 self.sites.append(Site(self.param.decorator, "param"))
+        # A comparison whose expectation has a value to change gets no order site (its value decoys are better).
+        self.valued = {id(node) for side in sides if expectation_leaves(side) or bool_rows(side)
+                       or loaded_names(side) & names for node in ast.walk(side)}
+        # Singletons and orders hold only where the real check held whenever the test passed: a check every passing
+        # run makes, whose failure nothing of the test catches (a complement needs no such care: it fails exactly
+        # when the real check passes, wherever it stands).
+        local = frozenset(name for name in self.bound if self.bound[name]) | frozenset(self.arguments)
+        constants = frozenset(name for name, values in self.assigned.items() if self.bound[name] == 1
+                              and name not in self.arguments and len(values) == 1 and is_literal(values[0])
+                              and not isinstance(values[0], ast.List | ast.Dict | ast.Set))  # immutable
+        reached = always_reached(self.function, lambda node: stable_expression(node, self.facts, constants))
+        self.reached = {id(statement) for statement in reached}
         for node in self.own:
             if isinstance(node, ast.Assert):
                 self.visit_assert(node)
             elif isinstance(node, ast.Call):
                 self.visit_call(node)
-        seen: set[int] = set()
+        for statement in reached:
+            if self.facts.expects(statement, local):
+                self.sites.append(Site(statement, "flip_raises"))
+        seen: set[tuple[int, str]] = set()
         unique = []
         for site in self.sites:
-            if id(site.node) not in seen:
-                seen.add(id(site.node))
+            if (id(site.node), site.kind) not in seen:  # a node may be a site of two kinds (an order, its flip)
+                seen.add((id(site.node), site.kind))
                 unique.append(site)
         return unique
 
@@ -278,11 +299,17 @@ class SiteFinder:
             op, right = test.ops[0], test.comparators[0]
             if isinstance(op, ast.Is | ast.IsNot) and isinstance(right, ast.Constant) \
                     and right.value in (None, True, False) and not isinstance(test.left, ast.Constant):
+                if isinstance(op, ast.Is) and id(node) in self.reached:
+                    self.sites.append(Site(test, "singleton"))  # `is None` holds: `is True`, `is False` cannot
                 self.sites.append(Site(test, "flip_is"))
                 return
             if type(op) in COMPLEMENTS:
                 # Its operands pin no value to change (an equality's expectation is a site of its own), but the
-                # comparison's answer is checked: the complementary operator, written as plainly, must fail.
+                # comparison's answer is checked: the complementary operator, written as plainly, must fail, and
+                # of <, == and > the two others (an approx() side has no order: those would fail for any code).
+                if type(op) in ORDER_OPS and id(node) in self.reached and not any(
+                        call_name(side) == "approx" or id(side) in self.valued for side in (test.left, right)):
+                    self.sites.append(Site(test, "order"))
                 self.sites.append(Site(test, "flip_compare"))
                 return
         if isinstance(test, ast.Call) and is_equality_call(call_name(test)):
@@ -292,6 +319,12 @@ class SiteFinder:
 
     def visit_call(self, node: ast.Call) -> None:
         name = call_name(node)
+        if name in ORDER_CALLS and isinstance(node.func, ast.Attribute) and 2 <= len(node.args) <= 3 \
+                and not any(isinstance(arg, ast.Starred) for arg in node.args) \
+                and all(keyword.arg == "msg" for keyword in node.keywords) \
+                and not any(id(arg) in self.valued for arg in node.args[:2]) \
+                and id(self.parent.get(id(node))) in self.reached:
+            self.sites.append(Site(node, "order"))  # assertEqual: assertLess and assertGreater (same arguments)
         if name in FLIP_CALLS and isinstance(node.func, ast.Attribute):
             self.sites.append(Site(node, "flip_call"))
         elif name in RAISES_CALLS and node.args and isinstance(node.args[0], ast.Name | ast.Attribute):
@@ -344,12 +377,13 @@ def locate_sites(module: ast.Module, ref: NodeId, known: list[str] | None = None
     helpers = {**checking_helpers(module, owner), **checking_helpers(ast.Module(body=function.body, type_ignores=[]),
                                                                      None)}  # functions the test defines too
     finder = SiteFinder(function, helpers, param_table(module, function, known),
-                     imported=imported_names(module))
+                        imported=imported_names(module), facts=ModuleFacts.of(module))
     sites = finder.visit()
     index = {id(node): position for position, node in enumerate(ast.walk(function))}
-    # Value sites first (they give k decoys), then exception swaps, then flips (one decoy each).
-    order = {"value": 0, "param": 0, "bits": 0, "exception": 1, "flip_is": 2, "flip_compare": 2, "flip_call": 2,
-             "flip_assert": 3}
+    # Value sites first (they give k decoys), then exception swaps, singletons and orders, then flips (one decoy
+    # each, or k in pairs).
+    order = {"value": 0, "param": 0, "bits": 0, "exception": 1, "singleton": 2, "order": 2, "flip_is": 3,
+             "flip_compare": 3, "flip_call": 3, "flip_raises": 3, "flip_assert": 4}
     found = sorted({(index[id(site.node)], site.kind) for site in sites if id(site.node) in index},
                    key=lambda item: (order[item[1]], item[0]))
     return found, finder
