@@ -24,6 +24,7 @@ from lego.harness.base import HarnessAdapter, HarnessError, resolve_version
 
 MARKER = ".lego-installed"
 INSTALL_TIMEOUT_S = 1800
+BYTECODE = "bytecode"  # the marker's field saying the venv's modules are compiled (installs before it were not)
 
 
 @contextmanager
@@ -142,21 +143,49 @@ def _install_venv(adapter: HarnessAdapter, version: str, directory: Path) -> Non
         raise
 
 
+def _compile_bytecode(venv: Path) -> None:
+    """Compile the venv's modules with its own Python (the bytecode must match its version). Best effort: some
+    packages ship files that are not valid Python (templates, test data), which compileall reports and skips."""
+    try:
+        subprocess.run([str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j", "0", str(venv / "lib")],
+                       capture_output=True, timeout=INSTALL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        pass  # slower harness starts, nothing worse
+
+
+def _marker(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _ready(adapter: HarnessAdapter, directory: Path) -> bool:
+    marker = _marker(directory)
+    return marker is not None and (adapter.spec.install_kind == "npm" or bool(marker.get(BYTECODE)))
+
+
 def ensure_installed(adapter: HarnessAdapter, version: str | None = None) -> Path:
-    """The harness's install directory, installing it first when it is not in the cache yet."""
+    """The harness's install directory, installing it first when it is not in the cache yet (an older venv
+    install without bytecode gets it compiled)."""
     version = resolve_version(adapter, version)
     directory = install_dir(adapter, version)
-    if (directory / MARKER).is_file():
+    if _ready(adapter, directory):
         return directory
     with _locked(directory):
-        if (directory / MARKER).is_file():
+        if _ready(adapter, directory):
             return directory
         started = time.monotonic()
-        if adapter.spec.install_kind == "npm":
-            _install_npm(adapter, version, directory)
-        else:
-            _install_venv(adapter, version, directory)
+        marker = _marker(directory) or {}
+        if not marker:
+            if adapter.spec.install_kind == "npm":
+                _install_npm(adapter, version, directory)
+            else:
+                _install_venv(adapter, version, directory)
+        if adapter.spec.install_kind != "npm":
+            _compile_bytecode(directory / "venv")
+            marker[BYTECODE] = True
         (directory / MARKER).write_text(json.dumps({
             "harness": adapter.spec.name, "version": version, "packages": list(adapter.spec.packages),
-            "seconds": round(time.monotonic() - started, 1)}))
+            "seconds": round(time.monotonic() - started, 1), **marker}))
     return directory
