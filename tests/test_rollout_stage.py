@@ -53,13 +53,20 @@ def test_rollout_ids_are_deterministic_and_distinct():
     assert len(ids) == 16
 
 
+def stored_ids(data_dir: Path) -> list[str]:
+    return [row for path in data_dir.glob("rollouts-*.parquet")
+            for row in pq.read_table(path, columns=["rollout_id"]).column("rollout_id").to_pylist()]
+
+
 def test_sigkill_mid_stage_then_rerun_loses_and_duplicates_nothing(tmp_path, docker_engine, base_image,
                                                                    tiny_model_path):
+    from lego.config import SandboxConfig
     from lego.rollout.requests import rollout_id
     from lego.sandbox.docker_sandbox import LABEL, DockerSandboxFactory
 
     installed("mini-swe-agent")
-    tasks = ["lego-bundled__unitconv-1", "lego-bundled__unitconv-2"]
+    # One task x two samples, one at a time: the first is stored, the second is mid-rollout when the stage dies.
+    tasks = ["lego-bundled__unitconv-1"]
     args = {"overrides": ["harness.name=mini-swe-agent", "harness.max_turns=1", "sampling.max_tokens=8",
                           "rollout.samples_per_task=2", "rollout.concurrency=1", "engine.dtype=bfloat16",
                           f"docker.host={docker_engine.base_url}"],
@@ -70,27 +77,30 @@ def test_sigkill_mid_stage_then_rerun_loses_and_duplicates_nothing(tmp_path, doc
     data_dir = tmp_path / "work" / "data" / "stage-test" / "rollout" / "iter=0"
     command = [sys.executable, str(script), json.dumps(args)]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def next_rollout_sandbox() -> bool:
+        """A rollout is stored and the next one's sandbox is up (it is alive when the process dies)."""
+        stored = set(stored_ids(data_dir))
+        owned = docker_engine.client.api.containers(all=True, filters={"label": [LABEL, f"lego.owner_pid={first.pid}"]})
+        return bool(stored) and any(c["Labels"].get("lego.rollout") not in stored for c in owned)
+
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list(data_dir.glob("rollouts-*.parquet")):
+    while time.monotonic() < deadline and not next_rollout_sandbox():
         assert first.poll() is None, first.stdout.read().decode()[-3000:]
-        time.sleep(0.5)
-    time.sleep(1.0)  # let the next rollout start: its sandbox is alive when the process dies
+        time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    survivors = {row for path in data_dir.glob("rollouts-*.parquet")
-                 for row in pq.read_table(path, columns=["rollout_id"]).column("rollout_id").to_pylist()}
-    assert 1 <= len(survivors) < 4
+    survivors = set(stored_ids(data_dir))
+    expected = {rollout_id("stage-test", task, sample) for task in tasks for sample in range(2)}
+    assert 1 <= len(survivors) < len(expected)
     second = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     report = json.loads(second.stdout.split("STAGE ", 1)[1])
     assert set(report["skipped"]) == survivors
     assert not set(report["new"]) & survivors
-    expected = {rollout_id("stage-test", task, sample) for task in tasks for sample in range(2)}
-    rows = [row for path in data_dir.glob("rollouts-*.parquet")
-            for row in pq.read_table(path, columns=["rollout_id"]).column("rollout_id").to_pylist()]
-    assert sorted(rows) == sorted(expected)  # every rollout once: none lost, none twice
+    assert sorted(stored_ids(data_dir)) == sorted(expected)  # every rollout once: none lost, none twice
     # The killed process's sandbox is reaped when a factory starts.
-    DockerSandboxFactory(docker_engine.client, __import__("lego.config", fromlist=["SandboxConfig"]).SandboxConfig())
+    DockerSandboxFactory(docker_engine.client, SandboxConfig())
     dead_owner = docker_engine.client.api.containers(all=True, filters={"label": [LABEL, f"lego.owner_pid={first.pid}"]})
     assert dead_owner == []
 
