@@ -1,4 +1,4 @@
-"""The per-machine download cache (tokenizer, base-image rootfs, harness installs).
+"""The per-machine download cache (tokenizer, base-image rootfs, harness installs, an empty MLflow store).
 
 It speeds up reruns on one machine; nothing depends on it being present.
 """

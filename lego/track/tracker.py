@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lego.config import LegoConfig, flatten
+from lego.track.store_seed import seed_sqlite_store
 from lego.workdir import WorkDir
 
 # Files up to this size are copied into MLflow on a fresh computation; larger ones are referenced by path.
@@ -39,8 +40,7 @@ class Tracker:
         self.config = config
         self.work = work
         self.uri = tracking_uri(config, work)
-        if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        seed_sqlite_store(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
         self.experiment_id = self._experiment()
 
