@@ -64,31 +64,24 @@ def check_solved(task, trajectory, docker_engine, base_image, lego_config):
     outcome = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify).verify(
         task, trajectory)
     assert outcome.kind.value == "resolved", outcome
+    return outcome
 
 
-def test_mini_swe_agent_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
-    task, trajectory = solve("mini-swe-agent", lego_config, work_dir, docker_engine, base_image, scorer)
-    check_solved(task, trajectory, docker_engine, base_image, lego_config)
-    assert [call.protocol for call in trajectory.calls] == ["openai_chat", "openai_chat"]
-    assert [call.kind for call in trajectory.calls] == ["start", "extend"]
-    # The verifier's actions are the commands mini ran, read back from its trajectory.
-    assert trajectory.metadata["actions"] == [gold_command(task), "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
-
-
-def test_looking_at_git_history_is_not_a_cheat(lego_config, work_dir, docker_engine, base_image, scorer):
-    from lego.verify.grader import Verifier
-
+def test_mini_swe_agent_solves_a_task_and_looking_at_git_history_is_not_a_cheat(lego_config, work_dir, docker_engine,
+                                                                               base_image, scorer):
+    """It looks at the history first, then applies the gold patch: one rollout checks both."""
     task = bundled_task()
-    script = ["Let me look at the history.\n" + tool_call("bash", {"command": "git log --all --oneline | head -5"}),
+    look = "git log --all --oneline | head -5"
+    script = ["Let me look at the history.\n" + tool_call("bash", {"command": look}),
               *gold_script("mini-swe-agent", task)]
-    task, trajectory = solve("mini-swe-agent", lego_config, work_dir, docker_engine, base_image, scorer,
-                                   script)
-    assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-3000:]
-    assert trajectory.metadata["actions"][0] == "git log --all --oneline | head -5"
-    outcome = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify).verify(
-        task, trajectory)
+    task, trajectory = solve("mini-swe-agent", lego_config, work_dir, docker_engine, base_image, scorer, script)
+    outcome = check_solved(task, trajectory, docker_engine, base_image, lego_config)
+    assert [call.protocol for call in trajectory.calls] == ["openai_chat"] * 3
+    assert [call.kind for call in trajectory.calls] == ["start", "extend", "extend"]
+    # The verifier's actions are the commands mini ran, read back from its trajectory.
+    assert trajectory.metadata["actions"] == [look, gold_command(task), "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
     # The sandbox's history is the base commit alone: the look reveals nothing, so the fix is graded as a fix.
-    assert outcome.kind.value == "resolved" and outcome.cheat_rules == [], outcome
+    assert outcome.cheat_rules == [], outcome
 
 
 def test_claude_code_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
@@ -99,30 +92,27 @@ def test_claude_code_solves_a_task(lego_config, work_dir, docker_engine, base_im
     assert trajectory.metadata["actions"] == [gold_command(task)]  # its Bash tool_use, from the session JSONL
 
 
-def test_openhands_solves_a_task(lego_config, work_dir, docker_engine, base_image, scorer):
-    # Its script looks with the terminal and fixes with the file editor: both must act inside the sandbox.
-    task, trajectory = solve("openhands", lego_config, work_dir, docker_engine, base_image, scorer)
+def test_openhands_solves_a_task_and_its_file_editor_paths_never_reach_the_host(lego_config, work_dir, docker_engine,
+                                                                               base_image, scorer):
+    """It looks with the terminal and fixes with the file editor (both must act inside the sandbox), then writes a
+    note through a `..` path: the file editor works on a host mirror of container files, so that path must name
+    the container's file (outside the repo, so no diff), never a file on the host."""
+    import uuid
+
+    task = bundled_task()
+    name = f"lego-escape-{uuid.uuid4().hex}.txt"
+    escape = f"{task.environment.workdir}/" + "../" * 16 + f"tmp/{name}"
+    *fix, finish = gold_script("openhands", task)
+    script = [*fix, "I will write a note.\n" + tool_call("file_editor", {"command": "create", "path": escape,
+                                                                          "file_text": "escaped\n"}), finish]
+    task, trajectory = solve("openhands", lego_config, work_dir, docker_engine, base_image, scorer, script)
     check_solved(task, trajectory, docker_engine, base_image, lego_config)
     assert {call.protocol for call in trajectory.calls} == {"openai_chat"}
     actions = trajectory.metadata["actions"]
     assert actions[0] == "git status --short && pwd" and actions[1].startswith("file_editor ")
+    assert actions[2].startswith("file_editor ") and name in actions[2]
     assert actions[-1].startswith("finish ")
     events = Path(trajectory.metadata["transcripts"][0]).read_text()
     assert f'"working_dir":"{task.environment.workdir}"' in events  # the terminal's pwd: inside the container
-
-
-def test_openhands_file_editor_paths_never_reach_the_host(lego_config, work_dir, docker_engine, base_image, scorer):
-    """The file editor works on a host mirror of container files: a `..` path from the model must name the
-    container's file (here outside the repo, so no diff), never a file on the host."""
-    import uuid
-
-    name = f"lego-escape-{uuid.uuid4().hex}.txt"
-    task = bundled_task()
-    escape = f"{task.environment.workdir}/" + "../" * 16 + f"tmp/{name}"
-    script = ["I will write a note.\n" + tool_call("file_editor", {"command": "create", "path": escape,
-                                                                    "file_text": "escaped\n"}),
-              tool_call("finish", {"message": "Done."})]
-    _, trajectory = solve("openhands", lego_config, work_dir, docker_engine, base_image, scorer, script)
-    assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-3000:]
     assert not Path("/tmp", name).exists()
     assert name not in trajectory.final_diff
