@@ -1,0 +1,263 @@
+"""vLLM's side of the vLLM engine: a process in vLLM's own environment serving token ids over a Unix socket.
+
+Started by lego.engine.vllm_engine as `python -m lego.engine.vllm_worker --socket PATH --model DIR ...` with the
+repository on PYTHONPATH; it imports only the standard library and vLLM (never the rest of Lego, whose
+dependencies that environment lacks). It connects to the socket its parent listens on and speaks JSON lines:
+
+  parent -> worker  {"op": "generate", "id", "prompt_ids", "sampling": {...}} | {"op": "score", "id", "token_ids"}
+                    {"op": "abort", "id"} | {"op": "shutdown"}
+  worker -> parent  {"op": "ready"}                                      once the model is loaded
+                    {"id", "token_ids", "logprobs"}                      tokens sampled since the last message
+                    {"id", "done": true, "finish_reason", "stop_reason"}  a generation's end (with
+                                                                          "routed_experts" where vLLM reports them)
+                    {"id", "done": true, "logprobs"}                      a score's answer
+                    {"id", "error"}                                       a request that failed
+
+One process: vLLM's `LLMEngine` runs in-process (no engine-core or executor processes, each of which would import
+vLLM again: a minute on a busy 2-core machine), and this loop steps it while it has requests, reading the socket
+between steps. Token ids go in as `TokensPrompt` and come back as ids: nothing is re-tokenized. Each sampled
+token's log-prob is vLLM's `raw_logprobs` (log softmax of the unscaled, temperature-1 logits), as the transformers
+engine reports. JSON carries floats at full precision (repr round-trips), so log-probs arrive bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import select
+import socket
+import sys
+from pathlib import Path
+
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_cpu_head_dim(model: str) -> None:
+    """vLLM's CPU attention kernels exist for some head sizes only; a model with another one loads and then fails
+    its first request, so it is refused here with what to do."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(f"vLLM's CPU attention has no kernel for head_dim={head_dim} (it has {supported}); "
+                         "use a model whose head_dim is one of them (model.init.head_dim) or engine.kind=transformers")
+
+
+def moe_shape(model: str) -> tuple[int, int] | None:
+    """(layers, experts per token) of a MoE checkpoint, None for a dense one."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    top_k = config.get("num_experts_per_tok")
+    return (int(config["num_hidden_layers"]), int(top_k)) if top_k else None
+
+
+def make_engine(options: argparse.Namespace):
+    from vllm import EngineArgs, LLMEngine
+
+    extra = json.loads(options.engine_args or "{}")
+    if cuda_available():  # vLLM's own routing capture needs its GPU model runner
+        extra.setdefault("enable_return_routed_experts", True)
+    else:  # a fixed KV cache: by default vLLM reserves most of the machine's memory on CPU and refuses to start
+        check_cpu_head_dim(options.model)
+        extra.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+        if moe_shape(options.model) is not None:  # lego.engine.vllm_routing needs every token computed
+            extra.setdefault("enable_prefix_caching", False)
+    extra.setdefault("distributed_executor_backend", "uni")  # the model in this process
+    args = EngineArgs(model=options.model, dtype=options.dtype, max_model_len=options.max_model_len,
+                      logprobs_mode="raw_logprobs", seed=0, **extra)
+    return LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+
+
+def sampling_params(sampling: dict):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    stop = list(sampling.get("stop") or ())
+    return SamplingParams(
+        temperature=sampling["temperature"], top_p=sampling["top_p"], max_tokens=sampling["max_tokens"],
+        stop_token_ids=list(sampling.get("stop_token_ids") or ()), seed=sampling.get("seed"), logprobs=0,
+        ignore_eos=True,  # only the caller's stop ids end a generation, as in the transformers engine
+        stop=stop or None, include_stop_str_in_output=True, skip_special_tokens=False,
+        detokenize=bool(stop),  # stop strings are matched on text; nothing else needs it
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+class Worker:
+    def __init__(self, engine, connection: socket.socket, routing=None) -> None:
+        self.engine = engine
+        self.connection = connection
+        self.routing = routing  # a lego.engine.vllm_routing.RoutingCapture, where vLLM does not report routing
+        self.buffer = b""
+        self.kinds: dict[str, str] = {}  # request id -> "generate" | "score", while vLLM holds it
+        self.scored: dict[str, list[int]] = {}  # a score request's token ids
+        self.fed: dict[str, int] = {}  # request id -> tokens fed to the model so far (prompt, then sampled)
+        self.internal: dict[str, str] = {}  # request id -> vLLM's own id for it (its model runner's)
+
+    def send(self, message: dict) -> None:
+        self.connection.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+    def serve(self) -> None:
+        while True:
+            busy = self.engine.has_unfinished_requests()
+            readable, _, _ = select.select([self.connection], [], [], 0 if busy else None)
+            if readable:
+                data = self.connection.recv(1 << 20)
+                if not data:
+                    return  # the parent is gone
+                self.buffer += data
+                *lines, self.buffer = self.buffer.split(b"\n")
+                for line in lines:
+                    if line and not self.handle(json.loads(line)):
+                        return
+            if self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    self.answer(output)
+
+    def handle(self, message: dict) -> bool:
+        """Take one message from the parent; False when it says to stop."""
+        op, request_id = message["op"], message.get("id")
+        if op == "shutdown":
+            return False
+        if op == "abort":
+            if self.kinds.pop(request_id, None) is not None:
+                self.forget(request_id)
+                self.engine.abort_request([request_id])
+            return True
+        try:
+            self.add(op, request_id, message)
+        except Exception as exc:  # a request vLLM refuses fails alone; the worker serves on
+            self.kinds.pop(request_id, None)
+            self.forget(request_id)
+            self.send({"id": request_id, "error": f"{type(exc).__name__}: {exc}"})
+        return True
+
+    def add(self, op: str, request_id: str, message: dict) -> None:
+        from vllm import SamplingParams, TokensPrompt
+
+        if op == "generate":
+            prompt, params = message["prompt_ids"], sampling_params(message["sampling"])
+        elif op == "score":
+            prompt = message["token_ids"]
+            params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+            self.scored[request_id] = prompt
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        self.kinds[request_id] = op
+        self.fed[request_id] = len(prompt)
+        self.internal[request_id] = self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), params)
+
+    def forget(self, request_id: str) -> None:
+        self.scored.pop(request_id, None)
+        self.fed.pop(request_id, None)
+        internal = self.internal.pop(request_id, None)
+        if self.routing is not None and internal is not None:
+            self.routing.forget(internal)
+
+    def routed_experts(self, request_id: str, fed: int) -> dict:
+        """The routing of the `fed` tokens vLLM computed for a finished request, base64 with its shape."""
+        internal = self.internal.get(request_id)
+        if self.routing is None or internal is None:
+            return {}
+        routed = self.routing.take(internal, fed)
+        return {"routed_experts": base64.b64encode(routed.tobytes()).decode(), "routed_experts_shape": routed.shape}
+
+    def answer(self, output) -> None:
+        request_id = output.request_id
+        kind = self.kinds.get(request_id)
+        if kind is None:
+            return  # aborted
+        try:
+            self.answer_request(kind, request_id, output)
+        except Exception as exc:  # e.g. the routing capture's RoutingCaptureError: this request fails loudly
+            self.kinds.pop(request_id, None)
+            self.forget(request_id)
+            if not output.finished:
+                self.engine.abort_request([request_id])
+            self.send({"id": request_id, "error": f"{type(exc).__name__}: {exc}"})
+
+    def answer_request(self, kind: str, request_id: str, output) -> None:
+        if kind == "score":
+            if output.finished:
+                answer = self.score_answer(request_id, output)
+                answer.update(self.routed_experts(request_id, self.fed[request_id]))
+                self.kinds.pop(request_id)
+                self.forget(request_id)
+                self.send(answer)
+            return
+        completion = output.outputs[0]
+        tokens = list(completion.token_ids)
+        if tokens:
+            steps = completion.logprobs or []
+            if len(steps) != len(tokens):
+                raise RuntimeError(f"vLLM returned {len(steps)} log-probs for {len(tokens)} sampled tokens")
+            logprobs = [step[token].logprob for step, token in zip(steps, tokens, strict=True)]
+            self.send({"id": request_id, "token_ids": tokens, "logprobs": logprobs})
+            self.fed[request_id] += len(tokens)
+        if output.finished:
+            # vLLM never feeds the last sampled token: its routing is unknown
+            done = self.done(request_id, completion, self.fed[request_id] - 1)
+            self.kinds.pop(request_id)
+            self.forget(request_id)
+            self.send(done)
+
+    def done(self, request_id: str, completion, fed: int) -> dict:
+        stop_reason = completion.stop_reason if isinstance(completion.stop_reason, str) else None
+        done = {"id": request_id, "done": True, "finish_reason": completion.finish_reason, "stop_reason": stop_reason,
+                **self.routed_experts(request_id, fed)}
+        routed = getattr(completion, "routed_experts", None)
+        if routed is not None:  # [tokens fed, layers, top_k]
+            import numpy as np
+
+            routed = np.ascontiguousarray(np.asarray(routed, dtype=np.uint8))
+            done.update(routed_experts=base64.b64encode(routed.tobytes()).decode(), routed_experts_shape=routed.shape)
+        return done
+
+    def score_answer(self, request_id: str, output) -> dict:
+        token_ids = self.scored.pop(request_id)
+        values = [0.0]  # nothing predicts the first token
+        for position, entry in enumerate((output.prompt_logprobs or [])[1:], start=1):
+            values.append(entry[token_ids[position]].logprob if entry else 0.0)
+        return {"id": request_id, "done": True, "logprobs": values}
+
+
+def main(options: argparse.Namespace) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    engine = make_engine(options)
+    routing = None
+    shape = moe_shape(options.model)
+    if shape is not None and not cuda_available():
+        from lego.engine.vllm_routing import install
+
+        routing = install(engine, *shape)
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(options.socket)
+    worker = Worker(engine, connection, routing)
+    worker.send({"op": "ready"})
+    try:
+        worker.serve()
+    finally:
+        connection.close()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-model-len", type=int, required=True)
+    parser.add_argument("--engine-args", default="{}", help="more EngineArgs, as a JSON object")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main(parse(sys.argv[1:]))
