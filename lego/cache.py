@@ -5,6 +5,8 @@ It speeds up reruns on one machine; nothing depends on it being present.
 
 import hashlib
 import os
+import stat
+import threading
 from pathlib import Path
 
 
@@ -30,3 +32,39 @@ def content_hash(*parts: str | bytes, length: int = 16) -> str:
         digest.update(len(data).to_bytes(8, "little"))
         digest.update(data)
     return digest.hexdigest()[:length]
+
+
+_TREE_DIGESTS: dict[str, tuple[tuple, str]] = {}
+_TREE_DIGESTS_LOCK = threading.Lock()
+
+
+def tree_digest(root: Path) -> str:
+    """The content of a directory (relative paths, kinds, executable bits, bytes, link targets), not where it is
+    kept: a build context exported again at another path keys the same images and plans. Read again only when a
+    file's size, time or mode changed since this process last read it."""
+    entries = []
+    for directory, subdirectories, files in os.walk(root):
+        subdirectories.sort()
+        links = [name for name in subdirectories if os.path.islink(os.path.join(directory, name))]
+        for name in sorted([*files, *links]):
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            entries.append((os.path.relpath(path, root), info.st_size, info.st_mtime_ns, info.st_mode))
+    signature = tuple(entries)
+    key = os.path.abspath(root)
+    with _TREE_DIGESTS_LOCK:
+        known = _TREE_DIGESTS.get(key)
+    if known is not None and known[0] == signature:
+        return known[1]
+    digest = hashlib.sha256()
+    for relative, _, _, mode in entries:
+        path = os.path.join(root, relative)
+        if stat.S_ISLNK(mode):
+            body = b"link:" + os.readlink(path).encode()
+        else:
+            body = (b"x:" if mode & 0o111 else b"f:") + bytes.fromhex(sha256_file(Path(path)))
+        digest.update(content_hash(relative, body, length=64).encode())
+    value = digest.hexdigest()
+    with _TREE_DIGESTS_LOCK:
+        _TREE_DIGESTS[key] = (signature, value)
+    return value

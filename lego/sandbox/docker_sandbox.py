@@ -389,17 +389,17 @@ class DockerSandbox:
         # Through exec, not `docker cp`: the root is read-only and the repo lives on a tmpfs.
         encoded = base64.b64encode(data).decode()
         quoted = shlex.quote(path)
-        first = True
         step = 96_000
-        for start in range(0, max(len(encoded), 1), step):
+        starts = range(0, max(len(encoded), 1), step)
+        for start in starts:
             part = encoded[start:start + step]
-            redirect = ">" if first else ">>"
-            result = self.exec(f"mkdir -p \"$(dirname {quoted})\" && printf %s {shlex.quote(part)} | base64 -d "
-                               f"{redirect} {quoted}", timeout=60, workdir="/")
+            write = (f"mkdir -p \"$(dirname {quoted})\" && printf %s {shlex.quote(part)} | base64 -d > {quoted}"
+                     if start == 0 else f"printf %s {shlex.quote(part)} | base64 -d >> {quoted}")
+            if start == starts[-1]:  # the mode with the last part: one exec for a file that fits in one
+                write += f" && chmod {mode:o} {quoted}"
+            result = self.exec(write, timeout=60, workdir="/")
             if result.exit_code != 0:
                 raise SandboxError(f"writing {path} in {self.name} failed: {tail(result.output)}")
-            first = False
-        self.exec(f"chmod {mode:o} {quoted}", timeout=30, workdir="/")
 
     def get_file(self, path: str) -> bytes:
         result = self.exec(f"base64 -w0 {shlex.quote(path)}", timeout=60, workdir="/", output_limit=256 << 20)

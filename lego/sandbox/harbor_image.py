@@ -14,11 +14,12 @@ a Dockerfile that builds without a network (no registry is reachable from the en
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import docker
 from docker.errors import APIError, BuildError, DockerException
 
-from lego.cache import content_hash
+from lego.cache import content_hash, tree_digest
 from lego.errors import ImageBuildError, tail
 from lego.sandbox import image
 from lego.tasksets.task import Task, has_harbor_environment
@@ -39,7 +40,10 @@ git -c safe.directory='*' tag -f {tag}
 
 def harbor_layer_tag(task: Task) -> str:
     env = task.environment
-    key = content_hash(LAYER_VERSION, env.model_dump_json(), task.base_commit, COMMIT_WORKDIR, length=16)
+    # The build context by content, not by where it was exported to.
+    context = [env.model_dump_json(exclude={"dockerfile_dir"}), tree_digest(Path(env.dockerfile_dir))] \
+        if env.dockerfile_dir else [env.model_dump_json()]
+    key = content_hash(LAYER_VERSION, *context, task.base_commit, COMMIT_WORKDIR, length=16)
     return f"{HARBOR_ENV_REPOSITORY}:{key}"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, DockerException
 
-from lego.cache import content_hash, sha256_file
+from lego.cache import content_hash, sha256_file, tree_digest
 from lego.errors import ImageBuildError, LegoError, tail
 from lego.sandbox import SNAPSHOT, image
 from lego.sandbox.env_image import ensure_env_image, env_image_tag
@@ -53,9 +53,11 @@ def task_image_tag(task: Task, base_image: str) -> str:
         # Keyed on the bundle's bytes, not on where this checkout keeps it: the same task set at another
         # path (another machine, another work tree) finds the images already built.
         parts = [env.model_dump_json(exclude={"bundle", "requires"}), sha256_file(_bundle_path(task))]
+    elif env.kind == "dockerfile" and env.dockerfile_dir:
+        # Keyed on the build context's content, as a bundle is on its bytes.
+        parts = [env.model_dump_json(exclude={"dockerfile_dir", "requires"}),
+                 tree_digest(_absolute(task, "dockerfile_dir", env.dockerfile_dir))]
     else:
-        if env.kind == "dockerfile" and env.dockerfile_dir:
-            _absolute(task, "dockerfile_dir", env.dockerfile_dir)
         parts = [env.model_dump_json(exclude={"requires"})]
     if env.requires is not None and not env.requires.empty:
         parts.append(env.requires.key())

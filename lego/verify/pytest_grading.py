@@ -39,7 +39,7 @@ from pathlib import Path
 
 from docker.errors import DockerException
 
-from lego.cache import cache_dir, content_hash, sha256_file
+from lego.cache import cache_dir, content_hash, sha256_file, tree_digest
 from lego.config import VerifyConfig
 from lego.errors import LegoError, tail
 from lego.records import Outcome, OutcomeKind
@@ -57,6 +57,7 @@ from lego.verify.decoys import (
 )
 from lego.verify.grading import (
     AGENT_PATCH_FILE,
+    INLINE_BYTES,
     PATCH_ATTRIBUTABLE,
     TEST_LOG_CHARS,
     InfraFailure,
@@ -75,7 +76,6 @@ GOLD_PATCH_FILE = "/tmp/lego-gold.patch"
 SPEC_FILE = "/tmp/lego-grade-spec.json"
 APPLY_LOG = "/tmp/lego-apply.log"
 APPLY_FAILED = "LEGO_TEST_PATCH_DOES_NOT_APPLY"
-INLINE_BYTES = 96_000  # base64 bytes written through one command (an argument holds at most 128 KiB)
 PASS_TO_PASS_PLANNED = 4  # PASS_TO_PASS tests validated for decoys per task (gradings sample from them)
 
 
@@ -436,9 +436,13 @@ def decoy_plan_key(task: Task, k: int) -> str:
 
 
 def _environment_identity(task: Task) -> list[str]:
-    """The environment as a plan depends on it: a bundle by its bytes, not by where it is kept, so the same task
-    set at another path (another clone, a temporary copy) finds its plans already made."""
+    """The environment as a plan depends on it: a bundle by its bytes and a build context by its files, not by
+    where they are kept, so the same task set at another path (another clone, a temporary copy, an export)
+    finds its plans already made."""
     env = task.environment
+    context = Path(env.dockerfile_dir) if env.kind == "dockerfile" and env.dockerfile_dir else None
+    if context is not None and context.is_absolute() and context.is_dir():
+        return [env.model_dump_json(exclude={"dockerfile_dir"}), tree_digest(context)]
     bundle = Path(env.bundle) if env.kind == "bundle" and env.bundle else None
     if bundle is None or not bundle.is_absolute() or not bundle.is_file():
         return [env.model_dump_json()]

@@ -46,13 +46,17 @@ class Fingerprint:
         self.prefixes = module_prefixes
         self.code_of = code_of  # the code a callable runs (lego_grade_guard.code_of)
         self.entries: dict[tuple[str, str, str], object] = {}  # keeps the originals alive: ids stay unique
+        # The same entries by (module, owner): a check looks each namespace up once, not once per callable (a
+        # check runs several times per test over thousands of entries).
+        self.by_namespace: dict[tuple[str, str], dict[str, object]] = {}
+        self.oracles_by_namespace: dict[tuple[str, str], set[str]] = {}
         self.classes: dict[tuple[str, str], type] = {}
         self.oracles: set[tuple[str, str, str]] = set()
         self.seen: set[str] = set()  # modules fingerprinted (or looked at) so far
         import builtins
 
         self._take("builtins", "", vars(builtins))
-        self.oracles.update(key for key in self.entries if self._oracle(key))
+        self._add_oracles([key for key in self.entries if self._oracle(key)])
         self.shared: set[str] = {"builtins"}  # modules the tests share with the code under test
         for name, module in list(sys.modules.items()):
             self.seen.add(name)
@@ -74,7 +78,7 @@ class Fingerprint:
             self.classes[("unittest.case", "TestCase")] = testcase
             judging = {attr: value for attr, value in vars(testcase).items() if attr.startswith(ORACLE_CLASS_PREFIXES)}
             self._take("unittest.case", "TestCase", judging)
-            self.oracles.update(("unittest.case", "TestCase", attr) for attr in judging)
+            self._add_oracles([("unittest.case", "TestCase", attr) for attr in judging])
 
     def _take_stdlib(self, name: str, module) -> list[tuple[str, str, str]]:
         """A standard-library module: its public callables (what a test computes its expectations with; the
@@ -95,7 +99,7 @@ class Fingerprint:
                     self._take(name, attr, compares)
                     taken += [(name, attr, method) for method in compares]
         oracles = [key for key in taken if self._oracle(key)]
-        self.oracles.update(oracles)
+        self._add_oracles(oracles)
         return oracles
 
     @staticmethod
@@ -125,7 +129,7 @@ class Fingerprint:
         """The runner itself replaced `old` by `new` (a wrapper of its own): the fingerprint follows."""
         for key, value in list(self.entries.items()):
             if value is old:
-                self.entries[key] = new
+                self._set(key, new)
 
     def take_late_oracles(self, tamper=None) -> list[str]:
         """Fingerprint the modules loaded since (the standard library's, and numpy's oracles): what the tests
@@ -144,8 +148,8 @@ class Fingerprint:
                 for attr in LATE_ORACLES[name]:
                     value = namespace.get(attr, _MISSING)
                     if value is not _MISSING and callable(value):
-                        self.entries[(name, "", attr)] = value
-                        self.oracles.add((name, "", attr))
+                        self._set((name, "", attr), value)
+                        self._add_oracles([(name, "", attr)])
                         found.append((name, "", attr))
                 self.shared.add(name)
         patch = []
@@ -158,16 +162,28 @@ class Fingerprint:
     def replaced_oracles(self) -> list[tuple[str, object]]:
         """The oracles not what they were now, with what is there instead (checked before each test's call)."""
         found = []
-        for key in self.oracles:
-            current = self._current(*key)
-            if current is not self.entries.get(key) and current is not _MISSING:
-                module, owner, attr = key
-                found.append((f"{module}:{owner + '.' if owner else ''}{attr}", current))
+        for (module, owner), attrs in self.oracles_by_namespace.items():
+            namespace = self._namespace(module, owner)
+            taken = self.by_namespace.get((module, owner), {})
+            for attr in attrs:
+                current = namespace.get(attr, _MISSING)
+                if current is not taken.get(attr) and current is not _MISSING:
+                    found.append((f"{module}:{owner + '.' if owner else ''}{attr}", current))
         return found
 
     def _take(self, module: str, owner: str, namespace: dict) -> None:
         for attr, value in _callables(namespace).items():
-            self.entries[(module, owner, attr)] = value
+            self._set((module, owner, attr), value)
+
+    def _set(self, key: tuple[str, str, str], value: object) -> None:
+        """Every write of an entry, so that the index by namespace never differs from `entries`."""
+        self.entries[key] = value
+        self.by_namespace.setdefault(key[:2], {})[key[2]] = value
+
+    def _add_oracles(self, keys: list[tuple[str, str, str]]) -> None:
+        self.oracles.update(keys)
+        for module, owner, attr in keys:
+            self.oracles_by_namespace.setdefault((module, owner), set()).add(attr)
 
     def accept_runner_changes(self, tamper) -> None:
         """pytest's own plugins patch pytest while it configures (legacypath does): accept replacements whose
@@ -175,46 +191,40 @@ class Fingerprint:
         for key, value in list(self.entries.items()):
             current = self._current(*key)
             if current is not value and current is not _MISSING and tamper.trusted_code(current):
-                self.entries[key] = current
+                self._set(key, current)
 
-    def _current(self, module: str, owner: str, attr: str):
+    def _namespace(self, module: str, owner: str):
+        """Where an entry of (module, owner) lives now: the module's namespace, or its class's (read-only view)."""
         import builtins
 
         target = builtins if module == "builtins" else sys.modules.get(module)
         namespace = vars(target) if target is not None else {}
         if (module, owner) in self.classes:
-            namespace = vars(self.classes[(module, owner)])
-        elif owner:
+            return vars(self.classes[(module, owner)])
+        if owner:
             cls = namespace.get(owner)
-            namespace = vars(cls) if isinstance(cls, type) else {}
-        return namespace.get(attr, _MISSING)
+            return vars(cls) if isinstance(cls, type) else {}
+        return namespace
+
+    def _current(self, module: str, owner: str, attr: str):
+        return self._namespace(module, owner).get(attr, _MISSING)
 
     def changes(self, include_builtins: bool = True) -> tuple[list[str], list[str]]:
         """(decisive, suspicious): entries no longer what they were. The runner's objects and the oracles are
         decisive; other shared callables are evidence. Builtins and the standard library only between tests: a
         test may monkeypatch them (pytest's monkeypatch fixture undoes it at teardown); the runner's own objects
         never."""
-        import builtins
-
         decisive: list[str] = []
         suspicious: list[str] = []
-        cache: dict[tuple[str, str], dict] = {}
-        for (module, owner, attr), value in self.entries.items():
-            if not include_builtins and module in self.shared:
+        for (module, owner), taken in self.by_namespace.items():
+            shared = module in self.shared
+            if shared and not include_builtins:
                 continue
-            key = (module, owner)
-            if key not in cache:
-                target = builtins if module == "builtins" else sys.modules.get(module)
-                namespace = vars(target) if target is not None else {}
-                if key in self.classes:
-                    namespace = dict(vars(self.classes[key]))
-                elif owner:
-                    cls = namespace.get(owner)
-                    namespace = dict(vars(cls)) if isinstance(cls, type) else {}
-                cache[key] = namespace
-            if cache[key].get(attr, None) is not value:
+            get = self._namespace(module, owner).get
+            changed = [attr for attr, value in taken.items() if get(attr) is not value]
+            for attr in changed:
                 name = f"{module}:{owner + '.' if owner else ''}{attr}"
-                if module in self.shared and (module, owner, attr) not in self.oracles:
+                if shared and (module, owner, attr) not in self.oracles:
                     suspicious.append(name)
                 else:
                     decisive.append(name)
