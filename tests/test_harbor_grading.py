@@ -176,9 +176,12 @@ def test_a_patch_that_leaves_no_reward_is_blamed_not_infra(harbor_verifier, harb
     assert outcome.evidence["check"] == "verifier_timeout_caused_by_patch"
 
 
-def test_bundled_set_exported_to_harbor_gets_the_same_verdicts(harbor_verifier, verifier, lego_config, tmp_path):
+def test_bundled_set_exported_to_harbor_gets_the_same_verdicts(harbor_verifier, lego_config, tmp_path):
     from typer.testing import CliRunner
 
+    from lego.sandbox.harbor_image import harbor_layer_tag
+    from lego.sandbox.task_image import task_image_tag
+    from lego.verify.pytest_grading import decoy_plan_key
     from lego_cli import app
 
     out = tmp_path / "harbor-bundled"
@@ -194,19 +197,25 @@ def test_bundled_set_exported_to_harbor_gets_the_same_verdicts(harbor_verifier, 
                                      capture_output=True, text=True).stdout
         assert environment == ""
     by_id = {task.instance_id: task for task in exported}
+    # The same set at another path is the same content: its images and decoy plans are the ones already made.
+    shutil.copytree(out, tmp_path / "moved")
+    moved = {task.instance_id: task for task in load_tasks(tmp_path / "moved", strict=True).tasks}
+    for instance_id, task in by_id.items():
+        assert task.environment.dockerfile_dir != moved[instance_id].environment.dockerfile_dir
+        assert task_image_tag(moved[instance_id], "base:1") == task_image_tag(task, "base:1")
+        assert harbor_layer_tag(moved[instance_id]) == harbor_layer_tag(task)
+        assert decoy_plan_key(moved[instance_id], 2) == decoy_plan_key(task, 2)
+    # Content, not a constant: tasks at other commits are other layers (tasks at one commit share theirs).
+    assert len({harbor_layer_tag(task) for task in exported}) == len({task.base_commit for task in exported}) > 1
     grading = harbor_verifier.harbor_grading
     for original in (bundled[0], bundled[4]):  # two repositories
         harbor = by_id[original.instance_id]
         assert harbor.test_patch == original.test_patch  # the screening knows the hidden test files
         gold = grading.solution_diff(harbor)
-        verdicts = {
-            "swe-bench": (verifier.verify(original, diff=original.patch, actions=[]).kind,
-                          verifier.verify(original, diff="", actions=[]).kind),
-            "harbor": (harbor_verifier.verify(harbor, diff=gold, actions=[]).kind,
-                       harbor_verifier.verify(harbor, diff="", actions=[]).kind),
-        }
-        assert verdicts["harbor"] == verdicts["swe-bench"] == (OutcomeKind.resolved, OutcomeKind.unresolved), \
-            (original.instance_id, verdicts)
+        # The bundled tasks' own verdicts (gold resolved, empty unresolved, every task): tests/test_validate.py.
+        verdicts = (harbor_verifier.verify(harbor, diff=gold, actions=[]).kind,
+                    harbor_verifier.verify(harbor, diff="", actions=[]).kind)
+        assert verdicts == (OutcomeKind.resolved, OutcomeKind.unresolved), (original.instance_id, verdicts)
 
 
 # Harbor's own oracle/nop run over the exported set: tests/test_harbor_backend.py.
