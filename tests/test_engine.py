@@ -1,4 +1,4 @@
-"""TransformersEngine, ScriptedEngine, make_engine and the vLLM guard, on the real tiny Qwen3-MoE."""
+"""TransformersEngine, ScriptedEngine and make_engine on the real tiny Qwen3-MoE (vLLM: test_vllm_engine.py)."""
 # ruff: noqa: F811  (pytest fixtures imported from fixtures_model are parameters here)
 
 from __future__ import annotations
@@ -168,19 +168,10 @@ def test_make_engine_picks_by_kind(lego_config, tiny_model_path):
         engine.inner.close()
 
 
-def test_vllm_engine_without_vllm_raises_a_clear_error(tiny_model_path):
-    from lego.engine.vllm_engine import EngineUnavailableError, VLLMEngine, vllm_available
-
-    if vllm_available():
-        pytest.skip("vLLM is installed: the GPU test covers it")
-    with pytest.raises(EngineUnavailableError, match="engine.kind=transformers"):
-        VLLMEngine(tiny_model_path)
-
-
 def test_vllm_engine_generates_with_routing(tiny_model_path):
-    pytest.importorskip("vllm")
+    """vLLM's own routed-experts capture (GPU); tests/test_vllm_engine.py covers the engine and its CPU capture."""
     if not torch.cuda.is_available():
-        pytest.skip("vLLM needs a CUDA device")
+        pytest.skip("vLLM's routed-experts capture needs a CUDA device")
     from lego.engine.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(tiny_model_path, dtype="bfloat16", max_context=2048, enforce_eager=True)

