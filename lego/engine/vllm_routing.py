@@ -11,7 +11,8 @@ for it (runs in lego.engine.vllm_worker's process, with the model in that proces
   model's forward gets their `positions`.
 
 Rows are kept per request by position, so a prompt prefilled in chunks, or recomputed after a preemption, lands
-where it belongs; prefix caching must be off (a cached prefix is never recomputed, so its rows would be missing).
+where it belongs. Prefix caching must be off (a cached prefix is never recomputed, so its rows would be missing) and
+the model must run eagerly (a compiled forward calls no Python hooks); the worker sets both.
 Anything that does not add up raises `RoutingCaptureError`, naming what moved: a vLLM upgrade that changes
 these internals fails at start-up or on the first request, never with silently shifted rows.
 """
@@ -56,7 +57,8 @@ class RoutingCapture:
         if positions is None or any(layer is None for layer in step):
             missing = [i for i, layer in enumerate(step) if layer is None]
             self.error = (f"a forward of {total} tokens ran without the routing of layers {missing} or without "
-                          "positions: vLLM's MoE router capture or model forward changed")
+                          "positions: vLLM's MoE router capture or model forward changed (or the model runs "
+                          "compiled: the capture needs enforce_eager)")
             return
         if len(positions) < total or any(layer.shape[0] < total for layer in step):
             self.error = (f"the step scheduled {total} tokens but the routers saw {[s.shape[0] for s in step]} and "

@@ -69,8 +69,9 @@ def make_engine(options: argparse.Namespace):
     else:  # a fixed KV cache: by default vLLM reserves most of the machine's memory on CPU and refuses to start
         check_cpu_head_dim(options.model)
         extra.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
-        if moe_shape(options.model) is not None:  # lego.engine.vllm_routing needs every token computed
+        if moe_shape(options.model) is not None:  # lego.engine.vllm_routing needs every token computed, eagerly
             extra.setdefault("enable_prefix_caching", False)
+            extra.setdefault("enforce_eager", True)
     extra.setdefault("distributed_executor_backend", "uni")  # the model in this process
     args = EngineArgs(model=options.model, dtype=options.dtype, max_model_len=options.max_model_len,
                       logprobs_mode="raw_logprobs", seed=0, **extra)
