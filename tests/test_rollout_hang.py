@@ -34,28 +34,39 @@ class SilentEngine:
         self.policy_version = policy_version
 
 
-@pytest.mark.parametrize("harness", ["mini-swe-agent", "claude-code"])  # beside the sandbox, and inside it
-def test_a_hanging_harness_times_out_and_leaks_nothing(harness, lego_config, work_dir, docker_engine, base_image):
+HARNESSES = ("mini-swe-agent", "claude-code")  # beside the sandbox, and inside it
+
+
+def test_hanging_harnesses_time_out_and_leak_nothing(lego_config, work_dir, docker_engine, base_image):
+    """Both harnesses hang at once, each in a worker of its own: one wall-clock limit's wait checks both."""
+    from lego.rollout.attempt import run_rollout
     from lego.sandbox.docker_sandbox import LABEL
     from lego.verify import Verifier
 
-    installed(harness)
+    for harness in HARNESSES:
+        installed(harness)
     task = bundled_task()
-    config = with_overrides(lego_config, harness={"name": harness, "max_turns": 3, "timeout_s": 30},
-                            rollout={"infra_retries": 0})
-    engine = SilentEngine()
+    config = {harness: with_overrides(lego_config, harness={"name": harness, "max_turns": 3, "timeout_s": 30},
+                                      rollout={"infra_retries": 0}) for harness in HARNESSES}
+    engines = {harness: SilentEngine() for harness in HARNESSES}
 
-    async def go():
-        from lego.rollout.attempt import run_rollout
-
-        async with worker(config, work_dir, docker_engine, base_image, engine, harness) as (adapter, res):
-            trajectory = await run_rollout(task, adapter, resources=res, config=config, rollout_id=f"hang-{harness}")
+    async def hang(harness):
+        async with worker(config[harness], work_dir, docker_engine, base_image, engines[harness],
+                          harness) as (adapter, res):
+            trajectory = await run_rollout(task, adapter, resources=res, config=config[harness],
+                                           rollout_id=f"hang-{harness}")
             return trajectory, dict(res.proxy._sessions)
 
-    trajectory, open_sessions = asyncio.run(asyncio.wait_for(go(), 240))
-    assert engine.calls >= 1
-    assert trajectory.termination == TerminationReason.timeout, trajectory.harness_log[-2000:]
-    assert not open_sessions
-    assert docker_engine.client.containers.list(all=True, filters={"label": [LABEL, f"lego.rollout=hang-{harness}"]}) == []
-    outcome = Verifier(docker_engine.client, base_image, config.sandbox, config.verify).verify(task, trajectory)
-    assert outcome.kind == "agent_timeout" and outcome.reward == 0.0
+    async def both():
+        return await asyncio.gather(*(hang(harness) for harness in HARNESSES))
+
+    results = dict(zip(HARNESSES, asyncio.run(asyncio.wait_for(both(), 240)), strict=True))
+    for harness, (trajectory, open_sessions) in results.items():
+        assert engines[harness].calls >= 1, harness
+        assert trajectory.termination == TerminationReason.timeout, (harness, trajectory.harness_log[-2000:])
+        assert not open_sessions, harness
+        assert docker_engine.client.containers.list(
+            all=True, filters={"label": [LABEL, f"lego.rollout=hang-{harness}"]}) == [], harness
+        outcome = Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify).verify(
+            task, trajectory)
+        assert outcome.kind == "agent_timeout" and outcome.reward == 0.0, harness
