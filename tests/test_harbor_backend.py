@@ -94,18 +94,20 @@ def test_exported_bundled_tasks_pass_harbors_oracle_and_fail_its_nop(harbor, bas
     from lego.tasksets.harbor_export import export_harbor
     from lego.tasksets.load import load_tasks
 
-    tasks = load_tasks("bundled").tasks[:2]
+    # One task: what is checked is how Harbor runs and reads an exported task, the same for each (the whole
+    # bundled set's export, graded back by Lego: tests/test_harbor_grading.py).
+    tasks = load_tasks("bundled").tasks[:1]
     export_harbor(tasks, tmp_path / "set", base_image)
     names = sorted(task.instance_id for task in tasks)
     venv, jobs = Path(harbor.venv), tmp_path / "jobs"
 
     oracle = run_harbor_job(venv, tmp_path / "set", jobs, "oracle", agent="oracle", docker_host=docker_engine.base_url)
     assert sorted(trial.task_name for trial in oracle) == names
-    assert [trial.outcome for trial in oracle] == [OutcomeKind.resolved] * 2, oracle
+    assert [trial.outcome for trial in oracle] == [OutcomeKind.resolved], oracle
 
     nop = run_harbor_job(venv, tmp_path / "set", jobs, "nop", agent="nop", docker_host=docker_engine.base_url)
     assert sorted(trial.task_name for trial in nop) == names
-    assert [(trial.outcome, trial.reward) for trial in nop] == [(OutcomeKind.unresolved, 0.0)] * 2, nop
+    assert [(trial.outcome, trial.reward) for trial in nop] == [(OutcomeKind.unresolved, 0.0)], nop
 
 
 def _harbor_task(root: Path, name: str, dockerfile: str, test_sh: str, verifier_timeout_s: float = 30.0) -> None:
