@@ -34,6 +34,30 @@ def content_hash(*parts: str | bytes, length: int = 16) -> str:
     return digest.hexdigest()[:length]
 
 
+def seed_database(db: Path, template: Path) -> bool:
+    """Put a copy of the SQLite database `template` at `db` unless `db` exists (never replaced, also when another
+    process creates it meanwhile). Returns whether `db` is the copy."""
+    import contextlib
+    import sqlite3
+    import tempfile
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    handle, staged = tempfile.mkstemp(prefix=f".{db.name}.", dir=db.parent)
+    os.close(handle)
+    try:
+        os.chmod(staged, 0o644)  # as the database's own program creates it
+        with contextlib.closing(sqlite3.connect(template)) as reader, \
+                contextlib.closing(sqlite3.connect(staged)) as writer:
+            reader.backup(writer)  # a consistent copy, also of a database in WAL mode
+        try:
+            os.link(staged, db)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        os.unlink(staged)
+
+
 _TREE_DIGESTS: dict[str, tuple[tuple, str]] = {}
 _TREE_DIGESTS_LOCK = threading.Lock()
 

@@ -1,5 +1,6 @@
-"""lego.track.store_seed: a new work dir's MLflow store is a copy of the machine's empty migrated one, and MLflow
-treats it as a store it made itself (schema at its head revision, the default experiment added at the first open)."""
+"""lego.track.store_seed and lego.pipeline.prefect_env: a new work dir's MLflow store and Prefect database are copies
+of the machine's empty migrated ones, and MLflow treats the store as one it made itself (schema at its head revision,
+the default experiment added at the first open)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,19 @@ def test_an_existing_store_is_left_as_it_is(tmp_path):
     run = first.start_pipeline_run("run-a")
     again = _tracker(tmp_path / "a")
     assert again.find_run({"lego.run_id": "run-a", "lego.kind": "pipeline"}) == run
+
+
+def test_a_new_prefect_home_gets_the_migrated_empty_database(tmp_path, monkeypatch):
+    """The copy is what Prefect's migrations leave (its revision, no runs); the servers that start on it run in
+    tests/test_pipeline.py (`lego deploy`) and tests/test_run_output.py (`lego run`'s ephemeral API)."""
+    from lego.pipeline.prefect_env import seed_prefect_database
+
+    monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL", raising=False)
+    seed_prefect_database(tmp_path / "home")
+    with sqlite3.connect(tmp_path / "home" / "prefect.db") as db:
+        assert db.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)
+        assert db.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "prefect.db").write_bytes(b"")
+    seed_prefect_database(tmp_path / "kept")
+    assert (tmp_path / "kept" / "prefect.db").read_bytes() == b""

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
+from lego.cache import cache_dir, seed_database
 from lego.workdir import WorkDir
 
 
@@ -20,18 +25,47 @@ def configure_prefect_env(work: WorkDir) -> dict[str, str]:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    if not os.environ.get("PREFECT_API_URL"):  # the ephemeral API: its database is PREFECT_HOME's
+        seed_prefect_database(Path(os.environ["PREFECT_HOME"]))
     return {key: os.environ[key] for key in defaults}
+
+
+def seed_prefect_database(prefect_home: Path) -> None:
+    """A new PREFECT_HOME's database starts as a copy of an empty migrated one from the machine cache (per Prefect
+    version): Prefect otherwise runs its whole chain of schema migrations at the first start of the API in every
+    new work dir (seconds of CPU and disk syncs). Nothing to do where the database is configured elsewhere."""
+    if os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL"):
+        return
+    db = prefect_home / "prefect.db"
+    if db.exists():
+        return
+    try:
+        template = _empty_database_template()
+    except (OSError, subprocess.SubprocessError):  # no machine cache: Prefect migrates the new database itself
+        return
+    seed_database(db, template)
+
+
+def _empty_database_template() -> Path:
+    from importlib.metadata import version
+
+    template = cache_dir("prefect") / f"empty-database-{version('prefect')}.db"
+    if not template.is_file():
+        with tempfile.TemporaryDirectory(dir=template.parent) as scratch:
+            env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+            env.update(PREFECT_HOME=scratch, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+            subprocess.run([str(Path(sys.executable).parent / "prefect"), "server", "database", "upgrade", "-y"],
+                           env=env, check=True, capture_output=True, timeout=600)
+            os.replace(Path(scratch) / "prefect.db", template)  # atomic: concurrent builders each put a whole copy
+    return template
 
 
 def launch_prefect_server(work: WorkDir, port: int):
     """`prefect server start` on loopback (with its scheduler), not waited for; its log is
     <work>/logs/prefect-server.log."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     env = {**os.environ, "PREFECT_HOME": str(work.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
+    seed_prefect_database(work.prefect_home)
     work.logs.mkdir(parents=True, exist_ok=True)
     log = open(work.logs / "prefect-server.log", "ab")
     return subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",

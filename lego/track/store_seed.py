@@ -14,7 +14,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from lego.cache import cache_dir
+from lego.cache import cache_dir, seed_database
 
 SQLITE_PREFIX = "sqlite:///"
 
@@ -26,21 +26,11 @@ def seed_sqlite_store(uri: str) -> None:
     db = Path(uri.removeprefix(SQLITE_PREFIX))
     if db.exists():
         return
-    db.parent.mkdir(parents=True, exist_ok=True)
     try:
         template = empty_store_template()
     except OSError:  # no writable machine cache: MLflow migrates the new store itself
         return
-    handle, staged = tempfile.mkstemp(prefix=f".{db.name}.", dir=db.parent)
-    os.close(handle)
-    try:
-        os.chmod(staged, 0o644)  # as a store MLflow creates
-        _copy_database(template, Path(staged))
-        # A link never replaces: a store another process created meanwhile is kept as it is.
-        with contextlib.suppress(FileExistsError):
-            os.link(staged, db)
-    finally:
-        os.unlink(staged)
+    seed_database(db, template)
 
 
 def empty_store_template() -> Path:
@@ -65,7 +55,3 @@ def _migrate_empty(db: Path) -> None:
         connection.execute("DELETE FROM experiment_tags WHERE experiment_id = 0")
         connection.execute("DELETE FROM experiments WHERE experiment_id = 0")
 
-
-def _copy_database(source: Path, target: Path) -> None:
-    with contextlib.closing(sqlite3.connect(source)) as reader, contextlib.closing(sqlite3.connect(target)) as writer:
-        reader.backup(writer)
