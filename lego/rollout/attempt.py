@@ -48,6 +48,12 @@ def _terminate(adapter: HarnessAdapter, session: Session, run: HarnessRun,
     return adapter.termination(result)
 
 
+async def _check_running(sandbox: Sandbox, when: str) -> None:
+    """An infra failure when the sandbox is gone (killed, out of memory): the attempt is retried."""
+    if not await asyncio.to_thread(sandbox.is_running):
+        raise SandboxError(f"the sandbox {sandbox.name} died {when}")
+
+
 async def _take_final_diff(sandbox: Sandbox, config: LegoConfig, trajectory: Trajectory,
                            termination: TerminationReason) -> TerminationReason:
     """The sandbox's diff as `trajectory.final_diff`, and how the run ended once a diff the agent made too large
@@ -102,13 +108,13 @@ async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResour
             workdir=task.environment.workdir, max_turns=config.harness.max_turns, timeout_s=config.harness.timeout_s,
             scratch=scratch, container_id=sandbox.sandbox_id, docker_host=resources.docker_host,
             exec_timeout_s=config.sandbox.exec_timeout_s, extra=dict(config.harness.extra))
+        await _check_running(sandbox, f"before {spec.name} started")  # no harness start spent on a dead one
         launch = adapter.launch(context)
         if in_sandbox:
             run = await run_in_sandbox(sandbox, launch, config.harness.timeout_s, context.workdir, guard)
         else:
             run = await run_beside(launch, config.harness.timeout_s, scratch, guard)
-        if not sandbox.is_running():
-            raise SandboxError(f"the sandbox {sandbox.name} died while {spec.name} ran")
+        await _check_running(sandbox, f"while {spec.name} ran")
         transcripts = await collect_transcripts(launch, sandbox, beside=not in_sandbox)
         segments, calls = session.trajectory_parts()
         main_calls = sum(1 for call in calls if call.kind != "subagent")
