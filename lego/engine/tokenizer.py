@@ -6,6 +6,7 @@ with Qwen3's chat template (tools, <think>). Nothing is fetched from a model hub
 
 from __future__ import annotations
 
+import functools
 import io
 import shutil
 import subprocess
@@ -67,6 +68,13 @@ def ensure_tokenizer() -> Path:
 
 
 def load_tokenizer(directory: Path | None = None):
+    """The tokenizer of `directory` (default: the verified Qwen3 one), built once per process: building it takes
+    seconds, and every caller (the proxy, scripted policies, each harness of an evaluation) only reads it."""
+    return _built(str(Path(directory or ensure_tokenizer()).resolve()))
+
+
+@functools.lru_cache(maxsize=8)
+def _built(directory: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(directory or ensure_tokenizer()))
+    return AutoTokenizer.from_pretrained(directory)
