@@ -37,12 +37,31 @@ def assistant_text(content: str = "", calls: Iterable[tuple[str, dict[str, Any]]
     return text
 
 
+_GRAMMARS: dict[int, Any] = {}  # id(tokenizer) -> GrammarMasks (reading a vocabulary takes seconds)
+
+
+def follows_constraint(tokenizer, constraint, tokens: list[int]) -> bool:
+    """Whether `tokens` (a whole reply, its stop token included) is a reply the constraint's grammar allows, checked
+    with the engines' own grammar library (lego/engine/grammar_mask.py)."""
+    from lego.engine.grammar_mask import GrammarMasks
+
+    masks = _GRAMMARS.get(id(tokenizer))
+    if masks is None:
+        masks = _GRAMMARS[id(tokenizer)] = GrammarMasks(tokenizer, 151936)
+    mask = masks.mask(masks.compile(constraint), (IM_END,))
+    return all(mask.matcher.accept_token(token) for token in tokens) and mask.complete
+
+
 class ScriptedEngine:
     """The Engine protocol, answering each generate() with the next scripted reply (text or token ids).
 
     Log-probs are distinct per sampled token (so tests can tell them apart), routing is a deterministic function
     of (token, position), and every prompt and result is kept for the tests to compare with the proxy's record.
+    A constrained request (SamplingParams.constraint) is answered only with a scripted reply its grammar allows:
+    the tests script what a constrained model could write, and the double checks the proxy's grammar allows it.
     """
+
+    constrained_decoding = True
 
     def __init__(self, tokenizer, replies: Iterable[str | list[int]] = (), max_context: int = 32768,
                  layers: int = 2, top_k: int = 2, experts: int = 4, delay_s: float = 0.0) -> None:
@@ -75,6 +94,9 @@ class ScriptedEngine:
             tokens = self.tokenizer.encode(reply, add_special_tokens=False) + [IM_END]
         else:
             tokens = list(reply)
+        if sampling.constraint is not None:
+            assert follows_constraint(self.tokenizer, sampling.constraint, tokens), (
+                f"the scripted reply {reply!r} is not one {sampling.constraint.what} allows")
         finish = "stop"
         if len(tokens) > sampling.max_tokens:
             tokens, finish = tokens[: sampling.max_tokens], "length"

@@ -1,11 +1,12 @@
 """Nothing is dropped silently: what the proxy cannot serve is refused in the protocol's error shape (naming what),
-what it can serve exactly is honoured (a forced tool call: its opening written into the prompt, the rest sampled by
-the model; no parallel tool calls: the generation ends with the first complete call; a refusal in history: the
-assistant's text), and every request field is accounted for (lego/proxy/fields.py).
+what it can serve exactly is honoured (a forced tool call, structured output, strict tools: a constraint the
+engine enforces; no parallel tool calls: the generation ends with the first complete call; a refusal in history:
+the assistant's text), and every request field is accounted for (lego/proxy/fields.py).
 
 Through the real HTTP proxy with the real Qwen3 tokenizer: a scripted engine for the tool calls a tiny random model
-cannot write, the real tiny model for the prompt and mask of a forced call, and lego's scripted engine (scored by
-the real tiny model, applying stop strings as every engine does) where the generation's end matters.
+cannot write (it checks each constrained reply against the proxy's grammar), and lego's scripted engine (scored by
+the real tiny model, applying stop strings as every engine does) where the generation's end matters. The real tiny
+model under constraints: tests/test_proxy_constraints.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 
 import anthropic
 import httpx
-import numpy as np
 import openai
 import pytest
 from fixtures_model import tiny_model_path  # noqa: F401  (session fixture)
@@ -24,6 +24,7 @@ from proxy_doubles import (
     ScriptedEngine,
     background_proxy,
     check_fidelity,
+    follows_constraint,
     tool_call_text,
 )
 
@@ -116,32 +117,46 @@ def opening_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def reply_ids(tokenizer, text: str) -> list[int]:
+    return opening_ids(tokenizer, text) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
 def test_openai_chat_forced_calls_required_and_named(proxy, tokenizer):
     session, engine = proxy.open_session(), proxy.engine
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "List the files."}]
-    # `required`: the prompt ends with the tag, the model writes the whole call after it
-    engine.script('{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>')
+    # `required`: nothing is written into the prompt; the engine is asked for calls of the request's tools
+    engine.script(tool_call_text("bash", {"command": "ls"}))
     first = client.chat.completions.create(model="m", messages=messages, tools=[BASH, READ], tool_choice="required")
-    tag = opening_ids(tokenizer, "<tool_call>\n")
-    assert engine.prompts[0][-len(tag):] == tag
+    generation_prompt = opening_ids(tokenizer, "<|im_start|>assistant\n")
+    assert engine.prompts[0][-len(generation_prompt):] == generation_prompt
+    required = engine.samplings[0].constraint
+    assert (required.param, required.what) == ("tool_choice", "a tool call")
     call = first.choices[0].message.tool_calls[0]
     assert first.choices[0].finish_reason == "tool_calls"
     assert (call.function.name, json.loads(call.function.arguments)) == ("bash", {"command": "ls"})
-    assert first.usage.completion_tokens == len(engine.results[0].token_ids)  # the opening is not sampled
-    # a named function, streamed: the model writes the arguments and the end of the call
+    assert first.usage.completion_tokens == len(engine.results[0].token_ids)  # the whole call is sampled
+    # what the grammar allows: calls of the request's tools, arguments following their schemas, nothing else
+    assert follows_constraint(tokenizer, required, reply_ids(tokenizer, tool_call_text("read", {})))
+    for refused in ("Sure, here you go.", tool_call_text("write", {"path": "x"}), tool_call_text("bash", {"cmd": "ls"}),
+                    "Sure.\n" + tool_call_text("bash", {"command": "ls"})):
+        assert not follows_constraint(tokenizer, required, reply_ids(tokenizer, refused)), refused
+    # a named function, streamed: a call of that function only
     messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                  {"role": "tool", "tool_call_id": call.id, "content": "calc.py"}]
-    engine.script('{"path": "calc.py"}}\n</tool_call>')
+    engine.script(tool_call_text("read", {"path": "calc.py"}))
     chunks = list(client.chat.completions.create(model="m", messages=messages, tools=[BASH, READ], stream=True,
                                                  tool_choice={"type": "function", "function": {"name": "read"}}))
-    named = opening_ids(tokenizer, '<tool_call>\n{"name": "read", "arguments": ')
-    assert engine.prompts[1][-len(named):] == named
+    named = engine.samplings[1].constraint
+    assert named.what == "a call of read"
+    assert not follows_constraint(tokenizer, named, reply_ids(tokenizer, tool_call_text("bash", {"command": "ls"})))
+    assert not follows_constraint(tokenizer, named, reply_ids(tokenizer, "\n".join(
+        [tool_call_text("read", {"path": "a"}), tool_call_text("read", {"path": "b"})])))  # one call
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
     assert deltas[0].function.name == "read"
     assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"path": "calc.py"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    # the harness replays the forced call: the branch is extended, the opening stays in it as prompt (mask 0)
+    # the harness replays the forced call: the branch is extended, every token of the call sampled (mask 1)
     messages += [{"role": "assistant", "content": None, "tool_calls": [
         {"id": deltas[0].id, "type": "function",
          "function": {"name": "read", "arguments": '{"path": "calc.py"}'}}]},
@@ -150,36 +165,33 @@ def test_openai_chat_forced_calls_required_and_named(proxy, tokenizer):
     client.chat.completions.create(model="m", messages=messages, tools=[BASH, READ])
     segments, calls = check_fidelity(session, engine)
     assert [c.kind for c in calls] == ["start", "extend", "extend"]
-    segment = segments[0]
-    start = len(engine.prompts[1]) - len(named)
-    assert segment.token_ids[start:len(engine.prompts[1])].tolist() == named
-    assert not segment.response_mask[start:len(engine.prompts[1])].any()
+    assert engine.samplings[2].constraint is None
 
 
 def test_anthropic_forced_calls_any_and_tool_streamed(proxy, tokenizer):
     session, engine = proxy.open_session(), proxy.engine
     client = anthropic.Anthropic(base_url=session.anthropic_base_url, api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "Explain `ls`."}]
-    engine.script('{"command": "ls"}}\n</tool_call>')
+    engine.script(tool_call_text("Bash", {"command": "ls"}))
     with client.messages.stream(model="m", max_tokens=512, messages=messages, tools=[BASH_ANTHROPIC],
                                 tool_choice={"type": "tool", "name": "Bash"}) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use"
     use = final.content[-1]
     assert (use.type, use.name, use.input) == ("tool_use", "Bash", {"command": "ls"})
-    opening = opening_ids(tokenizer, '<tool_call>\n{"name": "Bash", "arguments": ')
-    assert engine.prompts[0][-len(opening):] == opening
-    engine.script('{"name": "Bash", "arguments": {"command": "pwd"}}\n</tool_call>')
+    assert engine.samplings[0].constraint.what == "a call of Bash"
+    engine.script(tool_call_text("Bash", {"command": "pwd"}))
     forced = client.messages.create(model="m", max_tokens=512, messages=messages, tools=[BASH_ANTHROPIC],
                                     tool_choice={"type": "any"})
     assert forced.content[-1].input == {"command": "pwd"} and forced.stop_reason == "tool_use"
+    assert engine.samplings[1].constraint.what == "a tool call"
     check_fidelity(session, engine)
 
 
 def test_responses_forced_call_streamed(proxy, tokenizer):
     session, engine = proxy.open_session(), proxy.engine
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
-    engine.script('{"name": "exec_command", "arguments": {"cmd": "ls"}}\n</tool_call>')
+    engine.script(tool_call_text("exec_command", {"cmd": "ls"}))
     events = list(client.responses.create(model="m", input="List the files.", tools=[BASH_RESPONSES],
                                           tool_choice="required", stream=True))
     done = events[-1]
@@ -215,31 +227,6 @@ def inner(tiny_model_path):  # noqa: F811
     engine = TransformersEngine(tiny_model_path, dtype="float32", max_batch_size=4, batch_wait_ms=2.0)
     yield engine
     engine.close()
-
-
-@pytest.fixture(scope="module")
-def real_proxy(inner, tokenizer):
-    engine = RecordingEngine(inner)
-    background = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=8))
-    background.engine = engine
-    yield background
-    background.close()
-
-
-def test_real_model_forced_call_samples_after_the_opening(real_proxy, tokenizer):
-    """The real model continues the opening: its prompt ends with it (mask 0), every sampled token has mask 1."""
-    session = real_proxy.open_session()
-    client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
-    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "List the files."}],
-                                   tools=[BASH], tool_choice={"type": "function", "function": {"name": "bash"}})
-    engine = real_proxy.engine
-    opening = opening_ids(tokenizer, '<tool_call>\n{"name": "bash", "arguments": ')
-    prompt, sampled = engine.prompts[-1], engine.results[-1].token_ids
-    assert prompt[-len(opening):] == opening and sampled
-    segments, _ = check_fidelity(session, engine)
-    mask = segments[0].response_mask
-    assert mask.tolist() == [0] * len(prompt) + [1] * len(sampled)
-    np.testing.assert_array_equal(segments[0].token_ids[len(prompt) - len(opening):len(prompt)], opening)
 
 
 def test_responses_namespaced_tool_calls_name_their_namespace(proxy):
@@ -343,16 +330,11 @@ def test_anthropic_disable_parallel_tool_use_streamed_and_forced(stopping, token
     assert [block.type for block in final.content] == ["text", "tool_use"]
     assert (final.content[1].name, final.content[1].input) == ("Bash", {"command": "ls"})
     assert final.stop_reason == "tool_use" and final.stop_sequence is None  # not a stop sequence of the request
-    # forced (`any`) and single: the opening is in the prompt, the model writes one call and stops
-    rest = two_calls(("Read", {"path": "a.py"}), ("Read", {"path": "b.py"}), text="")
-    stopping.script.append(rest[len("\n<tool_call>\n"):])
-    forced = client.messages.create(model="m", max_tokens=128, messages=messages, tools=[BASH_ANTHROPIC, READ_ANTHROPIC],
-                                    tool_choice={"type": "any", "disable_parallel_tool_use": True})
-    assert [(block.name, block.input) for block in forced.content if block.type == "tool_use"] == [
-        ("Read", {"path": "a.py"})]
-    assert engine.samplings[-1].stop == ("</tool_call>",)
-    tag = opening_ids(tokenizer, "<tool_call>\n")
-    assert engine.prompts[-1][-len(tag):] == tag
+    # forced (`any`): lego's scripted engine writes fixed texts, so it cannot enforce the call: refused, not served
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="m", max_tokens=128, messages=messages, tools=[BASH_ANTHROPIC, READ_ANTHROPIC],
+                               tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    assert "constrained decoding" in refused.value.body["error"]["message"]
     check_fidelity(session, engine)
 
 
@@ -371,33 +353,71 @@ def test_responses_parallel_tool_calls_false(stopping):
 # ---------------------------------------------------------------------------------------------- refused or served
 
 
-def test_structured_output_is_refused_and_plain_text_served(proxy):
-    url = proxy.open_session().base_url
+def test_structured_output_and_strict_tools_are_constraints(proxy, tokenizer):
+    """JSON schemas, JSON mode and strict tools are served as constraints the engine enforces, in every protocol."""
+    session, engine = proxy.open_session(), proxy.engine
+    url = session.base_url
     chat, responses = f"{url}/v1/chat/completions", f"{url}/v1/responses"
     messages = [{"role": "user", "content": "Answer in JSON."}]
-    schema = {"name": "answer", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}
-    for fmt in ({"type": "json_schema", "json_schema": schema}, {"type": "json_object"}):
-        assert "structured output" in openai_error(httpx.post(chat, json={"messages": messages,
-                                                                           "response_format": fmt}), "response_format")
-        assert "structured output" in openai_error(httpx.post(responses, json={"input": "x", "text": {
-            "format": {"type": fmt["type"], **schema}}}), "text.format")
-    strict = {**BASH, "function": {**BASH["function"], "strict": True}}
-    openai_error(httpx.post(chat, json={"messages": messages, "tools": [strict]}), "tools[0].function.strict")
-    openai_error(httpx.post(responses, json={"input": "x", "tools": [{**BASH_RESPONSES, "strict": True}]}),
-                 "tools[0].strict")
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
     anthropic_url, base = f"{url}/v1/messages", {"model": "m", "max_tokens": 64, "messages": messages}
-    for extra, named in (({"output_config": {"effort": "high", "format": {"type": "json_schema", "schema": {}}}},
-                          "output_config.format"),
-                         ({"output_format": {"type": "json_schema", "schema": {}}}, "output_format"),
-                         ({"tools": [{**BASH_ANTHROPIC, "strict": True}]}, "tools[0].strict")):
-        assert named in anthropic_error(httpx.post(anthropic_url, json={**base, **extra}))
-    assert not proxy.engine.prompts
-    proxy.engine.script("Plain.", "Plain.", "Plain.")
+    requests = [
+        (chat, {"messages": messages, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "answer", "schema": schema}}}, "response_format.json_schema.schema"),
+        (responses, {"input": "x", "text": {"format": {"type": "json_schema", "name": "answer", "schema": schema}}},
+         "text.format.schema"),
+        (anthropic_url, {**base, "output_config": {"effort": "high", "format": {"type": "json_schema",
+                                                                                 "schema": schema}}},
+         "output_config.format.schema"),
+        (anthropic_url, {**base, "output_format": {"type": "json_schema", "schema": schema}}, "output_format.schema"),
+    ]
+    for where, body, param in requests:
+        engine.script('{"a": "yes"}')
+        response = httpx.post(where, json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        constraint = engine.samplings[-1].constraint
+        assert (constraint.param, constraint.what) == (param, "JSON following the schema")
+        assert not follows_constraint(tokenizer, constraint, reply_ids(tokenizer, '{"b": "yes"}'))
+        assert not follows_constraint(tokenizer, constraint, reply_ids(tokenizer, 'Sure: {"a": "yes"}'))
+    for where, body in ((chat, {"messages": messages, "response_format": {"type": "json_object"}}),
+                        (responses, {"input": "x", "text": {"format": {"type": "json_object"}}})):
+        engine.script('{"anything": [1, 2]}')
+        assert httpx.post(where, json=body, timeout=60).status_code == 200
+        assert engine.samplings[-1].constraint.what == "a JSON object"
+        assert not follows_constraint(tokenizer, engine.samplings[-1].constraint, reply_ids(tokenizer, "[1, 2]"))
+    # strict tools: free text, and every call follows its tool's schema (a tool that is not strict: any object)
+    strict_bash = {**BASH, "function": {**BASH["function"], "strict": True}}
+    for where, body, (name, key, other) in (
+            (chat, {"messages": messages, "tools": [strict_bash, READ]}, ("bash", "command", "read")),
+            (responses, {"input": "x", "tools": [{**BASH_RESPONSES, "strict": True}, READ_RESPONSES]},
+             ("exec_command", "cmd", "read")),
+            (anthropic_url, {**base, "tools": [{**BASH_ANTHROPIC, "strict": True}, READ_ANTHROPIC]},
+             ("Bash", "command", "Read"))):
+        engine.script("Looking.")
+        assert httpx.post(where, json=body, timeout=60).status_code == 200
+        constraint = engine.samplings[-1].constraint
+        assert (constraint.param, constraint.what) == ("tools", "tool calls following their schemas")
+        allowed = "Sure.\n" + tool_call_text(name, {key: "ls"})
+        assert follows_constraint(tokenizer, constraint, reply_ids(tokenizer, allowed))
+        assert not follows_constraint(tokenizer, constraint, reply_ids(tokenizer, tool_call_text(name, {"x": "ls"})))
+        assert follows_constraint(tokenizer, constraint, reply_ids(tokenizer, tool_call_text(other, {"x": 1})))
+    served = len(engine.prompts)
+    # a schema that is not one, and a format that is not JSON: the protocol's 400
+    openai_error(httpx.post(chat, json={"messages": messages, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": "object"}}}), "response_format.json_schema.schema")
+    openai_error(httpx.post(chat, json={"messages": messages, "response_format": {"type": "grammar"}}),
+                 "response_format.type")
+    openai_error(httpx.post(responses, json={"input": "x", "text": {"format": {"type": "yaml"}}}), "text.format.type")
+    assert "output_format.type" in anthropic_error(httpx.post(anthropic_url, json={
+        **base, "output_format": {"type": "regex", "pattern": "a+"}}))
+    assert len(engine.prompts) == served
+    engine.script("Plain.", "Plain.", "Plain.")
     assert httpx.post(chat, json={"messages": messages, "response_format": {"type": "text"}}).status_code == 200
     assert httpx.post(responses, json={"input": "x", "text": {"format": {"type": "text"},
                                                                "verbosity": "low"}}).status_code == 200
     assert httpx.post(anthropic_url, json={**base, "output_config": {"effort": "low"}}).status_code == 200
-    assert len(proxy.engine.prompts) == 3
+    assert len(engine.prompts) == served + 3
+    assert all(sampling.constraint is None for sampling in engine.samplings[served:])
 
 
 def test_refusals_in_history_are_the_assistants_text(proxy, tokenizer):

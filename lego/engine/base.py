@@ -7,6 +7,10 @@ chunks (an engine without `stream`, such as a test double, answers in one chunk)
 
 `prompt_ids` is any sequence of ints: the proxy passes a snapshot of its session's stream, a flat `array("i")`
 (copying 16k ints into a list costs more than the rest of a call). An engine copies what it keeps.
+
+`SamplingParams.constraint` (lego/engine/constraints.py) asks for constrained decoding: every sampled token is one
+the constraint's grammar allows. An engine that enforces it says so with `constrained_decoding = True`; a caller
+must not hand a constraint to one that does not (the proxy refuses such a request with the protocol's 400).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from lego.engine.constraints import Constraint
 from lego.errors import ModelError
 
 
@@ -31,12 +36,16 @@ class SamplingParams:
     # that token and the ones before it stay in token_ids (they were sampled).
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # The grammar every sampled token must follow (None: unconstrained); only for engines with constrained_decoding.
+    constraint: Constraint | None = None
 
 
 @dataclass
 class GenerateResult:
     token_ids: list[int]
-    logprobs: list[float]  # log-prob of each sampled token under the sampling distribution's model
+    # log-prob of each sampled token under the temperature-1 policy, masked by the constraint's grammar and
+    # renormalised when there is one (the distribution the token was drawn from, before temperature and top-p)
+    logprobs: list[float]
     # uint8 [prompt_len + len(token_ids), layers, top_k]: routing of every prompt and generated token
     # (the last generated token's routing is computed too). None for dense models.
     routed_experts: np.ndarray | None
@@ -68,6 +77,7 @@ class Engine(Protocol):
     policy_version: int
     max_context: int
     eos_token_ids: tuple[int, ...]
+    constrained_decoding: bool  # it enforces SamplingParams.constraint
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult: ...
 
@@ -186,6 +196,11 @@ class EngineWrapper:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.inner.eos_token_ids
+
+    @property
+    def constrained_decoding(self) -> bool:
+        """The inner engine's: a wrapper that generates otherwise than through it says False."""
+        return bool(getattr(self.inner, "constrained_decoding", False))
 
     async def score(self, token_ids: list[int]) -> list[float]:
         return await self.inner.score(token_ids)

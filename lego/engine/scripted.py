@@ -18,6 +18,8 @@ DEFAULT_FINAL_TEXT = "I am done."
 
 
 class ScriptedEngine(EngineWrapper):
+    constrained_decoding = False  # its texts are fixed: a constrained request is refused, never answered unconstrained
+
     def __init__(self, inner, tokenizer, script: list[str], final_text: str = DEFAULT_FINAL_TEXT) -> None:
         """`inner`: a scorer with `score_with_routing(ids, first)` (TransformersEngine); `tokenizer`: its tokenizer."""
         super().__init__(inner)

@@ -10,6 +10,14 @@ How it runs:
 - Log-probs: each returned log-prob is log softmax(logits)[token] of the *unscaled* (temperature 1) policy, from
   the very logits the token was sampled from (temperature and top-p only shape the sampling distribution). This is
   what verl compares with its training log-probs (vLLM's "raw_logprobs" mode does the same).
+- Constraints (`SamplingParams.constraint`: a forced tool call, a JSON schema): the constraint is compiled for the
+  vocabulary before the job is queued (off the event loop; a constraint that cannot be compiled fails that request
+  alone, with `ConstraintError`), and each constrained row has a grammar matcher (lego/engine/grammar_mask.py). At
+  every step the logits of the tokens its grammar does not allow next are set to -inf before sampling, so the token
+  is drawn from the masked distribution renormalised, and its log-prob is the log-prob under that distribution
+  (log softmax of the masked temperature-1 logits), not under the unmasked policy: the trainer's ratio must
+  compare against the distribution the token was actually sampled from. A forced token (the only one allowed)
+  has log-prob 0.
 - Routing: forward hooks on every MoE router (`model.model.layers[i].mlp.gate`, returning
   `(logits, scores, indices)`) record the experts each token used, for the prompt and every generated token
   (the last sampled token is fed once more so its routing is known), as uint8 `[prompt+gen, layers, top_k]`.
@@ -37,6 +45,7 @@ import torch
 
 from lego.engine.base import GenerateResult, SamplingParams, TokenChunk, stop_string_in
 from lego.engine.checkpoint import load_model, moe_routers
+from lego.engine.constraints import Constraint
 from lego.errors import ModelError
 
 SCORE_CHUNK = 512  # positions per LM-head chunk when scoring
@@ -50,6 +59,7 @@ class _GenerateJob:
     enqueued_at: float = field(default_factory=time.perf_counter)
     on_token: Callable[[int], None] | None = None  # called on the model's thread with each sampled token
     cancelled: bool = False  # the caller stopped reading: the row ends at the next step
+    grammar: object | None = None  # the constraint compiled for the vocabulary (xgrammar's CompiledGrammar)
 
 
 @dataclass
@@ -121,10 +131,13 @@ class _Row:
     stop_sequence: str | None = None
     answered: bool = False
     started_at: float = 0.0
+    mask: object | None = None  # its GrammarMask, when its job is constrained
 
 
 class TransformersEngine:
     """The Engine protocol over a transformers causal LM (see the module docstring for how it batches)."""
+
+    constrained_decoding = True
 
     def __init__(self, model_path: str | Path, dtype: str = "bfloat16", device: str = "cpu",
                  max_batch_size: int = 8, batch_wait_ms: float = 5.0, policy_version: int | None = None,
@@ -147,6 +160,8 @@ class TransformersEngine:
         self.policy_version = read_policy_version(self.model_path) if policy_version is None else policy_version
         self.stats = {"batches": 0, "max_batch": 0, "decode_steps": 0}
         self._tokenizer = None  # loaded on the first request with stop strings
+        self._grammar_masks = None  # GrammarMasks, made on the first constrained request
+        self._grammar_lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="lego-engine", daemon=True)
@@ -156,16 +171,18 @@ class TransformersEngine:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         self._check_prompt(prompt_ids)
+        grammar = await self._compiled(sampling.constraint)
         future: Future = Future()
-        self._submit(_GenerateJob(list(prompt_ids), sampling, future))
+        self._submit(_GenerateJob(list(prompt_ids), sampling, future, grammar=grammar))
         return await asyncio.wrap_future(future)
 
     async def stream(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
         self._check_prompt(prompt_ids)
+        grammar = await self._compiled(sampling.constraint)
         loop = asyncio.get_running_loop()
         arrived: asyncio.Queue[int | None] = asyncio.Queue()  # sampled tokens, then None once the job is answered
         future: Future = Future()
-        job = _GenerateJob(list(prompt_ids), sampling, future)
+        job = _GenerateJob(list(prompt_ids), sampling, future, grammar=grammar)
 
         def deliver(item: int | None) -> None:
             try:
@@ -192,6 +209,22 @@ class TransformersEngine:
                 yield TokenChunk(tokens)
         finally:
             job.cancelled = not future.done()
+
+    async def _compiled(self, constraint: Constraint | None):
+        """`constraint` compiled for this model's vocabulary (None for none), on a worker thread: the first one
+        reads the vocabulary (seconds), a new schema takes tens of milliseconds, a known one is cached."""
+        if constraint is None:
+            return None
+        return await asyncio.to_thread(self._compile, constraint)
+
+    def _compile(self, constraint: Constraint):
+        with self._grammar_lock:
+            if self._grammar_masks is None:
+                from lego.engine.grammar_mask import GrammarMasks
+
+                vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+                self._grammar_masks = GrammarMasks(self.tokenizer, vocab_size)
+        return self._grammar_masks.compile(constraint)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -307,7 +340,10 @@ class TransformersEngine:
             generator = None
             if job.sampling.seed is not None:
                 generator = torch.Generator(device="cpu").manual_seed(job.sampling.seed)
-            rows.append(_Row(job, generator, started_at=started))
+            mask = None
+            if job.grammar is not None:
+                mask = self._grammar_masks.mask(job.grammar, job.sampling.stop_token_ids)
+            rows.append(_Row(job, generator, started_at=started, mask=mask))
         width = max(len(job.prompt_ids) for job in jobs)
         ids = torch.full((len(jobs), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(jobs), width), dtype=torch.long)
@@ -358,7 +394,11 @@ class TransformersEngine:
 
     def _sample_into(self, row: _Row, logits: torch.Tensor) -> None:
         sampling = row.job.sampling
+        if row.mask is not None:  # sampled from, and scored under, what the grammar allows (module docstring)
+            logits = row.mask.apply(logits)
         token = sample_token(logits, sampling, row.generator)
+        if row.mask is not None:
+            row.mask.accept(token)
         row.tokens.append(token)
         row.logprobs.append(float(torch.log_softmax(logits, dim=-1)[token]))
         if row.job.on_token is not None:

@@ -281,8 +281,8 @@ class ToolUse:
 
 def reply_tool_calls(token_ids: np.ndarray, response_mask: np.ndarray) -> list[bool]:
     """Per reply of a segment (a maximal run of sampled tokens), whether it calls a tool: a `<tool_call>` among
-    its sampled tokens, or in its own turn's prompt part (from the turn's `<|im_start|>` on), where a forced
-    call's opening is written (lego/proxy/session.py, forced_call_opening)."""
+    its sampled tokens, or in its own turn's prompt part (from the turn's `<|im_start|>` on): records from proxies
+    that wrote a forced call's opening into the prompt (the proxy now samples it, lego/engine/constraints.py)."""
     mask = np.asarray(response_mask, dtype=np.int8)
     if not mask.any():
         return []

@@ -6,21 +6,23 @@ blocks a user turn, in block order. `<think>` reasoning comes back as a `thinkin
 `<tool_call>`s as `tool_use` blocks.
 
 Every request field is listed in `FIELDS` with how it is treated (see lego/proxy/fields.py); an unknown one is
-refused (400). Honoured: messages, system, max_tokens, stop_sequences, stream, custom tools, `tool_choice` (`any`
-or `tool` forces a tool call, `none` leaves the reply's text unparsed, `disable_parallel_tool_use` ends the
-generation with the first complete call: see `Session.complete`). The policy's own, whatever the request says:
-temperature, top_p, top_k, `thinking` (type, budget, display: the policy thinks as its chat template says, and its
-reasoning comes back as thinking blocks) and `output_config.effort`. Harmless: model (echoed), metadata,
-service_tier, cache_control (the session reuses known tokens anyway); `context_management` edits that keep every
-thinking block (Claude Code sends `clear_thinking_20251015` with `keep: all`) are no edit at all.
+refused (400). Honoured: messages, system, max_tokens, stop_sequences, stream, custom tools, `tool_choice` (`any` or
+`tool` forces a tool call, `none` leaves the reply's text unparsed, `disable_parallel_tool_use` ends the generation
+with the first complete call: see `Session.complete`), structured output (`output_config.format`, `output_format`: a
+JSON schema the reply follows) and strict tools (`strict: true`: every call follows its tool's input schema); a
+forced call, structured output and strict tools are constrained decoding, enforced by the engine
+(lego/engine/constraints.py; an engine that cannot, or a schema it cannot compile, gets a 400). The policy's own,
+whatever the request says: temperature, top_p, top_k, `thinking` (type, budget, display: the policy thinks as its
+chat template says, and its reasoning comes back as thinking blocks) and `output_config.effort`. Harmless: model
+(echoed), metadata, service_tier, cache_control (the session reuses known tokens anyway); `context_management` edits
+that keep every thinking block (Claude Code sends `clear_thinking_20251015` with `keep: all`) are no edit at all.
 Refused (400, naming what): image, document, search_result and other non-text blocks (the policy reads text only);
 `redacted_thinking` and server-tool blocks in history (this server never wrote them, and the policy cannot read
 them); server tools and Anthropic-defined tools (web_search_*, web_fetch_*, code_execution_*, computer_*,
 text_editor_*, bash_*, ...: this server runs none, and the policy knows no built-in schema for them; send a custom
-tool with an input_schema instead), tools with `strict`, `defer_loading` or `input_examples` (constrained inputs,
-tool search, examples: none of which the proxy does); structured output (`output_config.format`, `output_format`:
-the policy samples unconstrained); `container` and `mcp_servers` (server-side execution); any other context edit
-(it would change what the model sees in a way the session's token stream does not).
+tool with an input_schema instead), tools with `defer_loading` or `input_examples` (tool search, examples: neither
+of which the proxy does); `container` and `mcp_servers` (server-side execution); any other context edit (it would
+change what the model sees in a way the session's token stream does not).
 Not rendered, and why that is harmless: a tool result's `is_error` (the chat template has no error flag; the
 harness writes what went wrong into the result's text, as Claude Code does with `<tool_use_error>`), thinking
 signatures, citations, cache_control markers and block ids.
@@ -43,7 +45,7 @@ from lego.proxy.messages import (
     new_id,
     text_of,
 )
-from lego.proxy.session import Completion, ToolChoice
+from lego.proxy.session import Completion, JsonOutput, ToolChoice
 
 PROTOCOL = "anthropic_messages"
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "api_error"}
@@ -56,14 +58,15 @@ FIELDS = {
     "max_tokens": honoured("caps the reply below the configured maximum"),
     "stop_sequences": honoured("end the reply; the session keeps every sampled token"),
     "stream": honoured("SSE events as the engine samples"),
-    "tools": checked("custom tools are rendered; server and Anthropic-defined tools are refused"),
+    "tools": checked("custom tools are rendered (strict: their calls follow their schemas); server and "
+                     "Anthropic-defined tools are refused"),
     "tool_choice": checked("auto, none, any, tool and disable_parallel_tool_use are honoured"),
     "temperature": policy("the policy's sampling"),
     "top_p": policy("the policy's sampling"),
     "top_k": policy("the policy's sampling"),
     "thinking": policy("the policy's thinking mode is its chat template's; its reasoning comes back as thinking"),
-    "output_config": checked("effort is the policy's; a format (structured output) is refused"),
-    "output_format": checked("structured output (beta): refused"),
+    "output_config": checked("effort is the policy's; a format (JSON schema) is enforced by the engine"),
+    "output_format": checked("structured output (beta): the engine enforces the JSON schema"),
     "context_management": checked("edits that keep every thinking block are no edit; other edits are refused"),
     "metadata": harmless("user_id for the provider's abuse tracking"),
     "service_tier": harmless("scheduling priority"),
@@ -78,7 +81,7 @@ THINKING_FIELDS = {
 }
 OUTPUT_CONFIG_FIELDS = {
     "effort": policy("how much the policy reasons is its own"),
-    "format": checked("structured output: refused"),
+    "format": checked("structured output: a JSON schema, enforced by the engine"),
 }
 CONTEXT_MANAGEMENT_FIELDS = {"edits": checked("only edits that keep every thinking block")}
 # Tools whose type is not `custom`: run by the server (web search, code execution, ...) or defined by Anthropic
@@ -164,7 +167,8 @@ def parse_items(raw: list[Any], start: int = 0, ends: list[int] | None = None) -
     return messages
 
 
-def parse_tools(raw: Any) -> list[dict[str, Any]]:
+def parse_tools(raw: Any, strict: set[str] | None = None) -> list[dict[str, Any]]:
+    """The custom tools; `strict`, when given, gets the names of those with `strict: true`."""
     if raw is None:
         return []
     expect(raw, list, "tools")
@@ -175,10 +179,6 @@ def parse_tools(raw: Any) -> list[dict[str, Any]]:
         kind = tool.get("type")
         if kind not in (None, "custom"):
             raise unsupported(f"{param}.type", f"is {kind!r}, a server or Anthropic-defined tool", SERVER_TOOL_HINT)
-        if tool.get("strict"):
-            raise unsupported(f"{param}.strict", "asks for inputs guaranteed to match the schema (constrained "
-                              "sampling)", "leave strict out: the policy's tool calls are sampled unconstrained and "
-                              "a malformed one comes back as text")
         if tool.get("defer_loading"):
             raise unsupported(f"{param}.defer_loading", "asks for tool search",
                               "send only the tools the model may call, without defer_loading")
@@ -186,6 +186,8 @@ def parse_tools(raw: Any) -> list[dict[str, Any]]:
             raise unsupported(f"{param}.input_examples", "holds examples the chat template cannot show",
                               "put the examples in the tool's description")
         tools.append(function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), param))
+        if strict is not None and expect(tool.get("strict") or False, bool, f"{param}.strict"):
+            strict.add(tool["name"])
     return tools
 
 
@@ -219,11 +221,7 @@ def check_options(body: dict[str, Any]) -> None:
     thinking = option_object(body, "thinking", THINKING_FIELDS, "thinking", MODULE)
     if thinking.get("type", "enabled") not in ("enabled", "adaptive", "disabled"):
         raise RequestError("'thinking.type' must be enabled, adaptive or disabled", param="thinking.type")
-    output = option_object(body, "output_config", OUTPUT_CONFIG_FIELDS, "output_config", MODULE)
-    for param, value in (("output_config.format", output.get("format")), ("output_format", body.get("output_format"))):
-        if value is not None:
-            raise unsupported(param, "asks for structured output (a JSON schema the reply must match)",
-                              "ask for the format in the prompt: the policy samples unconstrained")
+    option_object(body, "output_config", OUTPUT_CONFIG_FIELDS, "output_config", MODULE)
     edits = option_object(body, "context_management", CONTEXT_MANAGEMENT_FIELDS, "context_management",
                           MODULE).get("edits") or []
     expect(edits, list, "context_management.edits")
@@ -245,8 +243,9 @@ def parse_request(body: dict[str, Any], ends: list[int] | None = None) -> tuple[
     """The conversation and the options of a request. `ends`, when given, gets how many messages the conversation
     has after each item of the request's `messages`, not counting the `system` message (lego/proxy/resend.py)."""
     check_options(body)
+    strict: set[str] = set()
     conversation = Conversation(parse_messages(body.get("messages"), body.get("system"), ends),
-                                parse_tools(body.get("tools")))
+                                parse_tools(body.get("tools"), strict))
     max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         expect(max_tokens, int, "max_tokens")
@@ -263,8 +262,22 @@ def parse_request(body: dict[str, Any], ends: list[int] | None = None) -> tuple[
         "stop": tuple(item for item in stop_sequences if item),
         "parse_tools": parse_tools_flag,
         "tool_choice": tool_choice,
+        "strict_tools": frozenset(strict),
+        "json_output": json_output(body),
     }
     return conversation, options
+
+
+def json_output(body: dict[str, Any]) -> JsonOutput | None:
+    """The structured output the request asks for (`output_config.format`, or the beta `output_format`)."""
+    config = body.get("output_config") or {}
+    for param, value in (("output_config.format", config.get("format")), ("output_format", body.get("output_format"))):
+        if value is None:
+            continue
+        if expect(value, dict, param).get("type") != "json_schema":
+            raise RequestError(f"'{param}.type' must be json_schema", param=f"{param}.type")
+        return JsonOutput.of(value.get("schema"), f"{param}.schema")
+    return None
 
 
 def _content(completion: Completion) -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@ option object in it (`stream_options`, `output_config`, `text`, ...), in a table
 treats it:
 - `honoured`: the proxy does what it asks (messages, tools, tool_choice, max tokens, stop strings, streaming, ...).
 - `checked`: honoured for the values the proxy can serve, answered with the protocol's 400 naming it otherwise
-  (e.g. `response_format` of type `text` is served, a JSON schema is refused). The parser does the check.
+  (e.g. `response_format` of type text, json_object or json_schema is served, any other type is refused; a
+  structured output is a constraint the engine enforces, refused where it cannot). The parser does the check.
 - `policy`: decided by the policy's configuration, never by the request: sampling parameters (temperature, top_p,
   penalties, seed, ...) and reasoning settings (effort, thinking budget, verbosity). The log-probs the trainer
   compares against must come from the distribution that was sampled, and every harness must be trained on the same

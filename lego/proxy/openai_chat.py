@@ -8,17 +8,19 @@ Every request field is listed in `FIELDS` with how it is treated (see lego/proxy
 refused (400, code `unknown_parameter`). Honoured: messages, max_tokens / max_completion_tokens, stop, stream,
 stream_options.include_usage, function tools, `tool_choice` (`required` or a named function forces a tool call,
 `none` leaves the reply's text unparsed) and `parallel_tool_calls: false` (the generation ends with the first
-complete tool call; see `Session.complete`); `n`, `response_format`, `logprobs`, `modalities` for the values this
-server serves (1, text, false, text). An assistant's `refusal` (field or content part) in replayed history is
-what the model said: it is rendered as the assistant's text. The policy's own, whatever the request says:
-temperature, top_p, frequency/presence penalties, logit_bias, seed, reasoning_effort (OpenHands sends it) and
-verbosity. Harmless: model (echoed), user, safety_identifier, metadata, store, service_tier, prompt_cache_key,
-prompt_cache_retention, stream_options.include_obfuscation, and `prediction` (predicted output only speeds up
-generation; the reply is what the model samples either way).
-Refused (400, naming what): image, audio and file parts (the policy reads text only), audio output; structured
-output (`response_format` json_schema or json_object, a tool's `strict: true`: the policy samples unconstrained);
-n > 1; log-probs in the reply; custom and hosted tools (`web_search_options`, tools whose type is not function); the
-deprecated `functions` / `function_call` (send `tools` / `tool_choice`).
+complete tool call; see `Session.complete`); structured output (`response_format` json_schema or json_object: the
+reply is JSON following the schema, or any JSON object) and strict tools (`strict: true`: every call follows its
+tool's schema); a forced call, structured output and strict tools are constrained decoding, enforced by the engine
+(lego/engine/constraints.py; an engine that cannot, or a schema it cannot compile, gets a 400); `n`, `logprobs`,
+`modalities` for the values this server serves (1, false, text). An assistant's `refusal` (field or content part) in
+replayed history is what the model said: it is rendered as the assistant's text. The policy's own, whatever the
+request says: temperature, top_p, frequency/presence penalties, logit_bias, seed, reasoning_effort (OpenHands sends
+it) and verbosity. Harmless: model (echoed), user, safety_identifier, metadata, store, service_tier,
+prompt_cache_key, prompt_cache_retention, stream_options.include_obfuscation, and `prediction` (predicted output
+only speeds up generation; the reply is what the model samples either way).
+Refused (400, naming what): image, audio and file parts (the policy reads text only), audio output; n > 1; log-probs
+in the reply; custom and hosted tools (`web_search_options`, tools whose type is not function); the deprecated
+`functions` / `function_call` (send `tools` / `tool_choice`).
 Not rendered, and why that is harmless: a message's `name` (the chat template has no participant names; OpenHands
 sends the tool's name on tool messages, which the call they answer already names) and tool-call ids.
 """
@@ -40,7 +42,7 @@ from lego.proxy.messages import (
     new_id,
     text_of,
 )
-from lego.proxy.session import Completion, ToolChoice
+from lego.proxy.session import Completion, JsonOutput, ToolChoice
 
 PROTOCOL = "openai_chat"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
@@ -55,11 +57,12 @@ FIELDS = {
     "stop": honoured("ends the reply; the session keeps every sampled token"),
     "stream": honoured("SSE chunks as the engine samples"),
     "stream_options": honoured("include_usage adds the usage chunk"),
-    "tools": checked("function tools are rendered; custom and hosted tools are refused"),
+    "tools": checked("function tools are rendered (strict: their calls follow their schemas); custom and hosted "
+                     "tools are refused"),
     "tool_choice": checked("none, auto, required and a named function are honoured"),
     "parallel_tool_calls": honoured("false ends the generation with the first complete tool call"),
     "n": checked("one choice is served"),
-    "response_format": checked("text is served; a JSON schema or JSON mode (structured output) is refused"),
+    "response_format": checked("text, json_object and json_schema (the engine enforces the schema) are served"),
     "logprobs": checked("false is served; log-probs in the reply are refused"),
     "top_logprobs": checked("0 is served"),
     "modalities": checked("text is served; audio is refused"),
@@ -94,7 +97,8 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def parse_tools(raw: Any, param: str = "tools") -> list[dict[str, Any]]:
+def parse_tools(raw: Any, param: str = "tools", strict: set[str] | None = None) -> list[dict[str, Any]]:
+    """The function tools; `strict`, when given, gets the names of those with `strict: true`."""
     if raw is None:
         return []
     expect(raw, list, param)
@@ -106,12 +110,10 @@ def parse_tools(raw: Any, param: str = "tools") -> list[dict[str, Any]]:
             raise unsupported(f"{param}[{i}].type", f"is {kind!r}, not a function tool",
                               "send function tools (a JSON schema for the arguments)")
         function = expect(tool.get("function"), dict, f"{param}[{i}].function")
-        if function.get("strict"):
-            raise unsupported(f"{param}[{i}].function.strict", "asks for arguments guaranteed to match the schema "
-                              "(constrained sampling)", "leave strict out: the policy's tool calls are sampled "
-                              "unconstrained and a malformed one comes back as text")
         tools.append(function_tool(function.get("name"), function.get("description"), function.get("parameters"),
                                    f"{param}[{i}].function"))
+        if strict is not None and expect(function.get("strict") or False, bool, f"{param}[{i}].function.strict"):
+            strict.add(function["name"])
     return tools
 
 
@@ -192,12 +194,6 @@ def check_options(body: dict[str, Any]) -> None:
     check_fields(body, FIELDS, "Chat Completions request", MODULE)
     if body.get("n") not in (None, 1):
         raise unsupported("n", f"asks for {body['n']!r} choices", "ask for one (n: 1) and call again for more")
-    response_format = body.get("response_format")
-    if response_format is not None:
-        kind = expect(response_format, dict, "response_format").get("type")
-        if kind != "text":
-            raise unsupported("response_format", f"asks for structured output ({kind})",
-                              "ask for the format in the prompt: the policy samples unconstrained")
     if body.get("logprobs") or body.get("top_logprobs"):
         param = "logprobs" if body.get("logprobs") else "top_logprobs"
         raise unsupported(param, "asks for log-probs in the reply", "leave it out: the session records every "
@@ -217,7 +213,9 @@ def parse_request(body: dict[str, Any], ends: list[int] | None = None) -> tuple[
     """The conversation and the options of a request. `ends`, when given, gets how many messages the conversation
     has after each item of the request's `messages` (lego/proxy/resend.py)."""
     check_options(body)
-    conversation = Conversation(parse_messages(body.get("messages"), ends), parse_tools(body.get("tools")))
+    strict: set[str] = set()
+    conversation = Conversation(parse_messages(body.get("messages"), ends), parse_tools(body.get("tools"),
+                                                                                        strict=strict))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         expect(max_tokens, int, "max_tokens")
@@ -243,8 +241,26 @@ def parse_request(body: dict[str, Any], ends: list[int] | None = None) -> tuple[
         "stop": tuple(item for item in stop if item),
         "parse_tools": parse_tools_flag,
         "tool_choice": tool_choice,
+        "strict_tools": frozenset(strict),
+        "json_output": json_output(body.get("response_format")),
     }
     return conversation, options
+
+
+def json_output(response_format: Any) -> JsonOutput | None:
+    """The structured output `response_format` asks for (None: text)."""
+    if response_format is None:
+        return None
+    kind = expect(response_format, dict, "response_format").get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return JsonOutput(None, "response_format")
+    if kind == "json_schema":
+        spec = expect(response_format.get("json_schema"), dict, "response_format.json_schema")
+        return JsonOutput.of(spec.get("schema"), "response_format.json_schema.schema")
+    raise RequestError(f"'response_format.type' is {kind!r}; it must be text, json_object or json_schema",
+                       param="response_format.type")
 
 
 def _tool_calls(completion: Completion) -> list[dict[str, Any]]:

@@ -11,7 +11,9 @@ Every request field is listed in `FIELDS` with how it is treated (see lego/proxy
 refused (400, code `unknown_parameter`). Honoured: input, instructions, max_output_tokens, stream, function and
 namespace tools, `tool_choice` (`required` or a named function forces a tool call, `none` leaves the reply's text
 unparsed) and `parallel_tool_calls: false` (the generation ends with the first complete tool call; see
-`Session.complete`); an assistant's `refusal` part in replayed history is rendered as its text. The policy's own,
+`Session.complete`), structured output (`text.format` json_schema or json_object) and strict tools (`strict: true`),
+enforced by the engine as constrained decoding (lego/engine/constraints.py; an engine that cannot, or a schema it
+cannot compile, gets a 400); an assistant's `refusal` part in replayed history is rendered as its text. The policy's own,
 whatever the request says: temperature, top_p, reasoning.effort and text.verbosity. Harmless: model (echoed), store
 (this server keeps nothing, and refuses what would need it), include (`reasoning.encrypted_content`: reasoning comes
 back as its summary text, which Codex replays), reasoning.summary, metadata, user, safety_identifier,
@@ -29,8 +31,7 @@ items, encrypted reasoning: the model would answer without the history they stan
 responses: send the whole input, as Codex does with `store: false`), `background`; image, audio and file parts (the
 policy reads text only); other hosted and custom tools (file_search, computer_use_preview, code_interpreter,
 image_generation, mcp, local_shell, shell, apply_patch, custom) and the items they leave in history (this server
-never wrote them); structured output (`text.format` json_schema or json_object, a tool's `strict: true`: the policy
-samples unconstrained); log-probs in the reply (`top_logprobs`, include `message.output_text.logprobs`).
+never wrote them); log-probs in the reply (`top_logprobs`, include `message.output_text.logprobs`).
 Not read, and why that is harmless: item ids and status, output_text annotations, a function call's `namespace`
 (the call's name is what the model wrote; the namespace is the request's tool list's).
 """
@@ -53,7 +54,7 @@ from lego.proxy.messages import (
     new_id,
     text_of,
 )
-from lego.proxy.session import Completion, ToolChoice
+from lego.proxy.session import Completion, JsonOutput, ToolChoice
 
 PROTOCOL = "openai_responses"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -66,11 +67,11 @@ FIELDS = {
     "max_output_tokens": honoured("caps the reply below the configured maximum"),
     "stream": honoured("the SSE event sequence as the engine samples"),
     "stream_options": harmless("include_obfuscation: random padding of stream events"),
-    "tools": checked("function and namespace tools are rendered; web_search is not offered; other hosted and "
-                     "custom tools are refused"),
+    "tools": checked("function and namespace tools are rendered (strict: their calls follow their schemas); "
+                     "web_search is not offered; other hosted and custom tools are refused"),
     "tool_choice": checked("none, auto, required and a named function are honoured"),
     "parallel_tool_calls": honoured("false ends the generation with the first complete tool call"),
-    "text": checked("verbosity is the policy's; a format other than text (structured output) is refused"),
+    "text": checked("verbosity is the policy's; a json_schema or json_object format is enforced by the engine"),
     "reasoning": policy("effort is the policy's; its reasoning comes back as the summary"),
     "include": checked("reasoning.encrypted_content and hosted-tool outputs add nothing here; log-probs are refused"),
     "temperature": policy("the policy's sampling"),
@@ -92,7 +93,7 @@ FIELDS = {
     "prompt_cache_retention": harmless("prompt caching: the session reuses a prompt's known tokens anyway"),
 }
 TEXT_FIELDS = {
-    "format": checked("text is served; json_schema and json_object are refused"),
+    "format": checked("text, json_object and json_schema (the engine enforces the schema) are served"),
     "verbosity": policy("how much the policy writes is its own"),
 }
 REASONING_FIELDS = {
@@ -111,9 +112,10 @@ WEB_SEARCH_TOOLS = {"web_search", "web_search_preview", "web_search_preview_2025
 
 
 def parse_tools(raw: Any, param: str = "tools", namespaces: dict[str, str] | None = None,
-                namespace: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                namespace: dict[str, str] | None = None, strict: set[str] | None = None) -> list[dict[str, Any]]:
     """Function tools, a namespace's flattened in (each naming its `namespace`: name and description);
-    `namespaces` gets each such tool's namespace name by tool name."""
+    `namespaces` gets each such tool's namespace name by tool name, `strict` the names of those with
+    `strict: true`."""
     if raw is None:
         return []
     expect(raw, list, param)
@@ -122,10 +124,6 @@ def parse_tools(raw: Any, param: str = "tools", namespaces: dict[str, str] | Non
         expect(tool, dict, f"{param}[{i}]")
         kind = tool.get("type")
         if kind == "function":
-            if tool.get("strict"):
-                raise unsupported(f"{param}[{i}].strict", "asks for arguments guaranteed to match the schema "
-                                  "(constrained sampling)", "send strict: false, as Codex does: the policy's tool "
-                                  "calls are sampled unconstrained and a malformed one comes back as text")
             definition = function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"),
                                        f"{param}[{i}]")
             if namespace is not None:
@@ -134,12 +132,14 @@ def parse_tools(raw: Any, param: str = "tools", namespaces: dict[str, str] | Non
                 if namespaces is not None:
                     namespaces[tool["name"]] = namespace["name"]
             tools.append(definition)
+            if strict is not None and expect(tool.get("strict") or False, bool, f"{param}[{i}].strict"):
+                strict.add(tool["name"])
         elif kind == "namespace":
             group = {"name": expect(tool.get("name"), str, f"{param}[{i}].name")}
             if tool.get("description") is not None:
                 group["description"] = expect(tool["description"], str, f"{param}[{i}].description")
             tools.extend(parse_tools(expect(tool.get("tools"), list, f"{param}[{i}].tools"), f"{param}[{i}].tools",
-                                     namespaces, group))
+                                     namespaces, group, strict))
         elif kind in WEB_SEARCH_TOOLS and namespace is None:
             continue  # not offered: this server runs no web search (see the module docstring)
         else:
@@ -233,10 +233,7 @@ def check_options(body: dict[str, Any]) -> None:
     if body.get("background"):
         raise unsupported("background", "asks for a background response", "wait for the answer (stream it to see "
                           "it as it is written)")
-    fmt = option_object(body, "text", TEXT_FIELDS, "text", MODULE).get("format")
-    if fmt is not None and expect(fmt, dict, "text.format").get("type") != "text":
-        raise unsupported("text.format", f"asks for structured output ({fmt.get('type')})",
-                          "ask for the format in the prompt: the policy samples unconstrained")
+    option_object(body, "text", TEXT_FIELDS, "text", MODULE)
     option_object(body, "reasoning", REASONING_FIELDS, "reasoning", MODULE)
     option_object(body, "stream_options", STREAM_OPTIONS_FIELDS, "stream_options", MODULE)
     if body.get("top_logprobs"):
@@ -251,8 +248,9 @@ def check_options(body: dict[str, Any]) -> None:
 def parse_request(body: dict[str, Any]) -> tuple[Conversation, dict[str, Any]]:
     check_options(body)
     namespaces: dict[str, str] = {}
+    strict: set[str] = set()
     conversation = Conversation(parse_input(body.get("input"), body.get("instructions")),
-                                parse_tools(body.get("tools"), namespaces=namespaces))
+                                parse_tools(body.get("tools"), namespaces=namespaces, strict=strict))
     parallel = body.get("parallel_tool_calls")
     parallel = True if parallel is None else expect(parallel, bool, "parallel_tool_calls")
     parse_tools_flag, tool_choice = parse_tool_choice(body.get("tool_choice"), conversation.tools, parallel)
@@ -268,8 +266,25 @@ def parse_request(body: dict[str, Any]) -> tuple[Conversation, dict[str, Any]]:
         "parse_tools": parse_tools_flag,
         "tool_choice": tool_choice,
         "namespaces": namespaces,
+        "strict_tools": frozenset(strict),
+        "json_output": json_output((body.get("text") or {}).get("format")),
     }
     return conversation, options
+
+
+def json_output(fmt: Any) -> JsonOutput | None:
+    """The structured output `text.format` asks for (None: text)."""
+    if fmt is None:
+        return None
+    kind = expect(fmt, dict, "text.format").get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return JsonOutput(None, "text.format")
+    if kind == "json_schema":
+        return JsonOutput.of(fmt.get("schema"), "text.format.schema")
+    raise RequestError(f"'text.format.type' is {kind!r}; it must be text, json_object or json_schema",
+                       param="text.format.type")
 
 
 def output_items(completion: Completion, namespaces: dict[str, str] | None = None) -> list[dict[str, Any]]:

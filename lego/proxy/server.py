@@ -15,6 +15,7 @@ get the protocol's 400; nothing a client sends crashes the server. Streamed answ
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import logging
 import os
@@ -64,12 +65,15 @@ def _freeze_heap() -> None:
     engine's libraries, hundreds of thousands of objects) is moved out of the garbage collector's reach. Otherwise
     every full collection, triggered by what calls leave behind every thousand calls or so, walks all of it: a
     quarter of a second of the event loop's time each, tenths of a millisecond per call. Garbage is collected first,
-    so nothing unreachable is kept."""
+    so nothing unreachable is kept. At exit they are handed back to it: extension modules that count their objects
+    still alive at shutdown (nanobind's, in triton, which torch imports where it is installed) would otherwise
+    print every frozen one as a leak."""
     global _heap_frozen
     if not _heap_frozen:
         _heap_frozen = True
         gc.collect()
         gc.freeze()
+        atexit.register(gc.unfreeze)
 
 
 POST_ROUTES = {
@@ -325,7 +329,8 @@ class ProxyServer:
         conversation, options = session.resent.parse(module, await request.read())
         call = {"protocol": module.PROTOCOL, "stream": options["stream"], "max_tokens": options["max_tokens"],
                 "parse_tools": options["parse_tools"], "stop": options.get("stop", ()),
-                "tool_choice": options.get("tool_choice")}
+                "tool_choice": options.get("tool_choice"), "strict_tools": options.get("strict_tools", frozenset()),
+                "json_output": options.get("json_output")}
         if not options["stream"]:
             completion = await session.complete(conversation, **call)
             return web.Response(body=to_json(module.response_body(completion, options, self.model_name)),

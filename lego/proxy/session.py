@@ -44,21 +44,31 @@ How a request becomes tokens (the heart of tokens in / tokens out):
   * Nothing known: a new branch from scratch (kind `start` for a thread's first call, else `rewrite`).
 - What a request asks is either done, decided by the policy, harmless, or refused with the protocol's 400 naming it:
   nothing is dropped silently. Each parser lists every request field it accepts and why (`FIELDS` in
-  anthropic.py, openai_chat.py and responses.py; lego/proxy/fields.py) and refuses any other. Done without changing
-  what the model sampled, only where its generation starts or ends:
-  * A forced tool call (`tool_choice` required/any or a named tool) has the call's opening written at the end of its
-    prompt (mask 0); the model samples the rest.
+  anthropic.py, openai_chat.py and responses.py; lego/proxy/fields.py) and refuses any other.
+  Constraints on the reply's shape are enforced by the engine (constrained decoding, lego/engine/constraints.py):
+  every sampled token is one the constraint's grammar allows, so no model can answer in another shape, and each
+  recorded log-prob is the sampled token's under the masked distribution it was drawn from. Nothing is written into
+  the prompt: the model samples every token of the reply (mask 1).
+  * A forced tool call (`tool_choice` required/any or a named tool): the reply is tool calls of the request's tools
+    (the named one: one call of it), each as the chat template writes it, arguments following the tool's schema.
+  * Structured output (OpenAI `response_format` json_schema / json_object, Responses `text.format`, Anthropic
+    `output_config.format` / `output_format`): the reply is JSON following the schema (or any JSON object), or
+    tool calls where tools may be called.
+  * Strict tools (`strict: true`): the reply is free, and every tool call in it follows its tool's schema.
+  A thinking template keeps its rule: a forced call or structured output follows an empty think block; with strict
+  tools the model reasons freely first. An engine that cannot enforce constraints (`constrained_decoding` false),
+  or a schema its grammar library cannot compile, gets the protocol's 400 naming the field: never an unconstrained
+  reply. Done without changing what the model sampled, only where its generation ends:
   * No parallel tool calls (OpenAI/Responses `parallel_tool_calls: false`, Anthropic `disable_parallel_tool_use`):
     `</tool_call>` is a stop string, so the generation ends with the first complete call (a `</tool_call>` the model
     writes inside its reasoning would end it too). The recorded tokens are exactly the sampled ones; the template's
     end of turn after them is context owed to the next prompt, as after any stop string.
   * An assistant's refusal in replayed history (an OpenAI `refusal` field or part) is what it said: its text.
   Refused, because serving them would answer something other than what the model was shown or sampled: images,
-  audio and files (the policy reads text only); structured output (a JSON schema or JSON mode, strict tools: the
-  policy samples unconstrained, and constraining it would record tokens from another distribution); hosted and
-  server tools the proxy does not run (web search, code execution, computer use, file search, MCP, Anthropic's
-  built-in tools) and the items they leave in history; server-side state (Responses `previous_response_id`,
-  `conversation`, stored prompts and items, encrypted reasoning); n > 1 and log-probs in the reply; context edits.
+  audio and files (the policy reads text only); hosted and server tools the proxy does not run (web search, code
+  execution, computer use, file search, MCP, Anthropic's built-in tools) and the items they leave in history;
+  server-side state (Responses `previous_response_id`, `conversation`, stored prompts and items, encrypted
+  reasoning); n > 1 and log-probs in the reply; context edits.
   One hosted tool is accepted and not offered: Codex's `web_search`, which it sends on every call (why that is
   harmless: responses.py). Sampling and reasoning settings (temperature, top_p, top_k, penalties, seed, thinking
   budget, effort, verbosity) are the policy's (below).
@@ -79,7 +89,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import json
 import re
 import time
 from array import array
@@ -90,6 +99,13 @@ import numpy as np
 
 from lego.config import SamplingConfig
 from lego.engine.base import Engine, GenerateResult, SamplingParams, generate_streaming
+from lego.engine.constraints import (
+    Constraint,
+    ConstraintError,
+    forced_call_constraint,
+    json_output_constraint,
+    strict_tools_constraint,
+)
 from lego.proxy.messages import ChatMessage, ContextOverflowError, Conversation, MatchKey, RequestError
 from lego.proxy.render import ChatRenderer
 from lego.proxy.reply import CALL_CLOSE, Reply, parse_reply
@@ -219,14 +235,37 @@ class ToolChoice:
     parallel: bool = True  # False: the generation ends with the first complete tool call
 
 
-def forced_call_opening(choice: ToolChoice, thinking: bool) -> str:
-    """The start of a tool call as Qwen3 writes it (see lego/proxy/reply.py), written into the prompt so that the
-    model continues it: the tool's name when one is named, else just the tag. A thinking template's generation
-    prompt opens a think block: it is closed first (no reasoning before a forced call)."""
-    opening = "<tool_call>\n"
-    if choice.name is not None:
-        opening += '{"name": ' + json.dumps(choice.name, ensure_ascii=False) + ', "arguments": '
-    return ("\n</think>\n\n" if thinking else "") + opening
+@dataclass(frozen=True)
+class JsonOutput:
+    """A structured output the reply must be: JSON following `schema` (None: any JSON object, JSON mode), asked
+    for by the request field `param`."""
+
+    schema: dict | bool | None = None
+    param: str = "response_format"
+
+    @classmethod
+    def of(cls, schema: object, param: str) -> JsonOutput:
+        """The structured output a request's `param` (the schema's place in it) asks for; None: JSON mode."""
+        if schema is not None and not isinstance(schema, dict | bool):
+            raise RequestError(f"'{param}' must be a JSON schema (an object), got {type(schema).__name__}",
+                               param=param)
+        return cls(schema, param)
+
+
+def reply_constraint(tools: list[dict], parse_tools: bool, choice: ToolChoice | None, strict_tools: frozenset[str],
+                     json_output: JsonOutput | None, renderer: ChatRenderer) -> Constraint | None:
+    """The constraint the engine enforces for a request's reply (None: unconstrained); see the module docstring.
+    `strict_tools`: the names of its tools with `strict: true`."""
+    thinking, encode = renderer.thinking, renderer.encode
+    if parse_tools and choice is not None and choice.required:
+        return forced_call_constraint(tools, choice.name, choice.parallel, thinking, encode)
+    parallel = choice is None or choice.parallel
+    if json_output is not None:
+        return json_output_constraint(json_output.schema, thinking, tools if parse_tools else None, parallel,
+                                      encode, json_output.param)
+    if parse_tools and strict_tools and tools:
+        return strict_tools_constraint(tools, strict_tools, parallel, thinking, encode)
+    return None
 
 
 @dataclass
@@ -352,7 +391,7 @@ class Session:
         self._signatures: dict[str, Thread] = {}  # every signature seen -> its thread
         self._branches: list[Branch] = []
         self._calls: list[_Call] = []
-        self._sampling: dict[tuple[int, tuple[str, ...]], SamplingParams] = {}
+        self._sampling: dict[tuple[int, tuple[str, ...], Constraint | None], SamplingParams] = {}
         self._requests = RequestLog()  # what each call asked, stored as a delta on the thread's previous request
         self.resent = ResentRequests()  # its recent requests' bytes: a resent history is not parsed again
 
@@ -375,16 +414,18 @@ class Session:
                        stop: tuple[str, ...] = (),
                        on_tokens: Callable[[int, list[int]], Awaitable[None]] | None = None,
                        read_reply: Callable[[str], Reply] | None = None,
-                       tool_choice: ToolChoice | None = None) -> Completion:
+                       tool_choice: ToolChoice | None = None, strict_tools: frozenset[str] = frozenset(),
+                       json_output: JsonOutput | None = None) -> Completion:
         """Serve one call. `on_tokens(prompt_tokens, ids)` is awaited with each chunk of sampled tokens as the
         engine produces them (a streamed answer); the record is committed once the generation ends.
         `read_reply(text)`: what reads the whole reply's text (a stream's own reader, which has read most of it
         already; it must read as `parse_reply` does and not raise); by default `parse_reply`.
-        `tool_choice` constrains the reply's tool calls. A forced call: the call's opening (`forced_call_opening`)
-        ends the prompt (mask 0) and starts the reply's text (and the stream, before the first sampled token).
-        No parallel calls: the end of a tool call (`</tool_call>`) is a stop string, so the generation ends with
-        the first complete call; the reply keeps it (it is not one of the request's stop strings). Either way
-        every sampled token is the model's own and the record holds exactly what was sampled."""
+        `tool_choice`, `strict_tools` (the names of the tools with `strict: true`) and `json_output` constrain the
+        reply's shape: the engine enforces the constraint they make (`reply_constraint`), or the request is refused
+        (400) when it cannot. No parallel calls: the end of a tool call (`</tool_call>`) is a stop string, so the
+        generation ends with the first complete call; the reply keeps it (it is not one of the request's stop
+        strings). Either way every sampled token is the model's own and the record holds exactly what was
+        sampled."""
         if not conversation.messages:
             raise RequestError("the request has no messages", param="messages")
         task = asyncio.current_task()
@@ -393,14 +434,12 @@ class Session:
             task.add_done_callback(self._inflight.discard)
         started_at, clock = time.time(), time.perf_counter()
         limit = self.sampling.max_tokens if max_tokens is None else max(1, min(max_tokens, self.sampling.max_tokens))
-        forced = tool_choice is not None and tool_choice.required
-        opening = forced_call_opening(tool_choice, self.renderer.thinking) if forced else ""
+        constraint = self._constraint(conversation.tools, parse_tools, tool_choice, strict_tools, json_output)
         single_call = parse_tools and tool_choice is not None and not tool_choice.parallel and CALL_CLOSE not in stop
         stops = (*stop, CALL_CLOSE) if single_call else stop
-        opening_ids = self.renderer.encode(opening) if opening else []
         async with self._lock:
             plan = await self._plan(conversation)
-            prompt_tokens = plan.checkpoint.position + len(plan.new_ids) + len(opening_ids)
+            prompt_tokens = plan.checkpoint.position + len(plan.new_ids)
             if prompt_tokens + limit > self.engine.max_context:
                 self.overlong = True
                 message = (f"the prompt has {prompt_tokens} tokens and may sample {limit} more, over the model's "
@@ -409,31 +448,29 @@ class Session:
                              0, "overlong", self._kind(plan), len(plan.new_ids), error=message)
                 raise ContextOverflowError(message)
             branch, kind, undo = self._commit(plan, conversation)
-            branch.append(opening_ids, sampled=False)
             branch.busy = True
             prompt = branch.token_ids[:]  # a snapshot (the branch grows after the call), as a flat array
-        new_prompt_tokens = len(plan.new_ids) + len(opening_ids)
-        sampling = self._sampling_params(limit, stops)
+        new_prompt_tokens = len(plan.new_ids)
+        sampling = self._sampling_params(limit, stops, constraint)
         try:
             if on_tokens is None:
                 result: GenerateResult = await self.engine.generate(prompt, sampling)
             else:
                 report = functools.partial(on_tokens, len(prompt))
-                if opening_ids:  # the reply's text starts with the forced opening
-                    await report(list(opening_ids))
                 result = await generate_streaming(self.engine, prompt, sampling, report)
         except Exception as exc:
             async with self._lock:
                 self._undo(branch, undo)
                 self._record(plan.thread, None, conversation, protocol, stream, started_at, clock, len(prompt), 0,
                              "error", kind, new_prompt_tokens, error=f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, ConstraintError):  # the engine cannot compile it: the request asked too much
+                raise RequestError(str(exc), param=exc.param, code="unsupported_parameter") from exc
             raise RequestError(f"the policy engine failed: {exc}", status=500, kind="api_error") from exc
         async with self._lock:
             sampled = list(result.token_ids)
             branch.append(sampled, sampled=True, logprobs=list(result.logprobs))
             branch.add_routing(result.routed_experts)
-            reply, sampled_text, stop_sequence = self._reply_of(result, sampled, stop, opening, read_reply,
-                                                                parse_tools)
+            reply, sampled_text, stop_sequence = self._reply_of(result, sampled, stop, read_reply, parse_tools)
             message = reply.as_message()
             branch.keys.append(message.key())
             branch.checkpoints.append(Checkpoint(len(branch.keys), len(branch.token_ids),
@@ -444,10 +481,10 @@ class Session:
         return Completion(reply=reply, finish_reason=result.finish_reason, prompt_tokens=len(prompt),
                           completion_tokens=len(result.token_ids), stop_sequence=stop_sequence)
 
-    def _reply_of(self, result: GenerateResult, sampled: list[int], stop: tuple[str, ...], opening: str,
+    def _reply_of(self, result: GenerateResult, sampled: list[int], stop: tuple[str, ...],
                   read_reply: Callable[[str], Reply] | None, parse_tools: bool) -> tuple[Reply, str, str | None]:
-        """The reply as the protocols show it (after the forced `opening`, without the end-of-turn token and
-        the request's stop string), the text of every sampled token, and the request's stop string that ended it."""
+        """The reply as the protocols show it (without the end-of-turn token and the request's stop string), the
+        text of every sampled token, and the request's stop string that ended it."""
         shown = sampled
         if result.finish_reason == "stop" and sampled and sampled[-1] in self.engine.eos_token_ids:
             shown = sampled[:-1]
@@ -459,21 +496,32 @@ class Session:
             # sampled token, so the model's next turn continues from exactly what it sampled.
             shown_text = shown_text[: shown_text.index(stop_sequence)]
         if read_reply is not None:
-            reply = read_reply(opening + shown_text)
+            reply = read_reply(shown_text)
         else:
-            reply = parse_reply(opening + shown_text, parse_tools=parse_tools, thinking=self.renderer.thinking)
+            reply = parse_reply(shown_text, parse_tools=parse_tools, thinking=self.renderer.thinking)
         return reply, sampled_text, stop_sequence
 
-    def _sampling_params(self, limit: int, stops: tuple[str, ...]) -> SamplingParams:
+    def _constraint(self, tools: list[dict], parse_tools: bool, choice: ToolChoice | None,
+                    strict_tools: frozenset[str], json_output: JsonOutput | None) -> Constraint | None:
+        """The reply's constraint, refused (400) when the engine cannot enforce constraints."""
+        constraint = reply_constraint(tools, parse_tools, choice, strict_tools, json_output, self.renderer)
+        if constraint is not None and not getattr(self.engine, "constrained_decoding", False):
+            raise RequestError(f"'{constraint.param}' asks for {constraint.what}, which needs constrained decoding, "
+                               f"and this policy's engine ({type(self.engine).__name__}) does not enforce "
+                               "constraints; leave it out, or serve the policy with engine.kind: transformers",
+                               param=constraint.param, code="unsupported_parameter")
+        return constraint
+
+    def _sampling_params(self, limit: int, stops: tuple[str, ...], constraint: Constraint | None) -> SamplingParams:
         """The engine's parameters for a call (frozen, so calls asking the same share one)."""
-        key = (limit, stops)
+        key = (limit, stops, constraint)
         params = self._sampling.get(key)
         if params is None:
             if len(self._sampling) >= 64:
                 self._sampling.clear()
             params = self._sampling[key] = SamplingParams(
                 temperature=self.sampling.temperature, top_p=self.sampling.top_p, max_tokens=limit,
-                stop_token_ids=tuple(self.engine.eos_token_ids), stop=stops)
+                stop_token_ids=tuple(self.engine.eos_token_ids), stop=stops, constraint=constraint)
         return params
 
     async def _plan(self, conversation: Conversation) -> _Plan:
