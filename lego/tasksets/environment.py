@@ -9,6 +9,7 @@ so tasks that share a spec share an image.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -100,14 +101,20 @@ def load_environments_file(base_dir: Path | None) -> dict[tuple[str, str], Envir
     return table
 
 
+@functools.cache
 def swebench_specs() -> dict[str, dict[str, dict]]:
     """SWE-bench's per repo and version install specs, where the installed `swebench` package carries them.
 
-    swebench 2.x-4.x keep them in `swebench.harness.constants.MAP_REPO_VERSION_TO_SPECS`; 5.x ships none.
+    swebench 2.x-4.x keep them in `swebench.harness.constants.MAP_REPO_VERSION_TO_SPECS`; 5.x ships none, so its
+    version is read first: importing its harness takes seconds, in every process that loads a task set.
     """
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
+        if int(version("swebench").split(".")[0]) >= 5:
+            return {}
         from swebench.harness import constants
-    except ImportError:
+    except (PackageNotFoundError, ValueError, ImportError):
         return {}
     return getattr(constants, "MAP_REPO_VERSION_TO_SPECS", None) or {}
 
