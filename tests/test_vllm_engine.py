@@ -15,6 +15,7 @@ import numpy as np
 import openai
 import pytest
 from proxy_doubles import BackgroundProxy, RecordingEngine, check_fidelity
+from rollout_helpers import bundled_task, installed, with_overrides, worker
 
 from lego.config import SamplingConfig, TinyModelSpec
 from lego.engine.base import Engine, SamplingParams, generate_streaming
@@ -38,7 +39,7 @@ def model_path(tmp_path_factory):
 def vllm_engine(model_path):
     from lego.engine.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(model_path, dtype="float32", max_context=4096, enforce_eager=True)
+    engine = VLLMEngine(model_path, dtype="float32", max_context=32768)  # a harness's prompt: ~25k tokens
     yield engine
     engine.close()
 
@@ -111,8 +112,9 @@ def test_tokens_stream_as_they_are_sampled_and_add_up_to_the_result(vllm_engine)
     async def collect():
         return [chunk async for chunk in vllm_engine.stream(PROMPT, sampling)]
 
+    # How many chunks depends on how fast this loop reads; the next test shows one arriving before the end.
     chunks = run(collect())
-    assert len(chunks) > 1 and all(chunk.result is None for chunk in chunks[:-1])
+    assert all(chunk.result is None for chunk in chunks[:-1])
     result = chunks[-1].result
     assert [token for chunk in chunks for token in chunk.token_ids] == result.token_ids == whole.token_ids
     np.testing.assert_array_equal(result.logprobs, whole.logprobs)
@@ -127,7 +129,7 @@ def test_tokens_stream_as_they_are_sampled_and_add_up_to_the_result(vllm_engine)
     assert [token for tokens in handed for token in tokens] == streamed.token_ids == whole.token_ids
 
 
-def test_a_stream_left_early_ends_its_request_and_the_engine_serves_on(vllm_engine):
+def test_a_stream_yields_before_the_end_and_left_early_ends_its_request(vllm_engine):
     async def scenario():
         stream = vllm_engine.stream(PROMPT, SamplingParams(max_tokens=2000, seed=1))
         first = await anext(stream)
@@ -176,6 +178,38 @@ def test_the_proxy_serves_the_openai_client_from_vllm_streamed_and_not(vllm_engi
         assert [call.kind for call in calls] == ["start", "extend"]
     finally:
         proxy.close()
+
+
+@pytest.mark.docker
+def test_a_claude_code_rollout_is_served_from_vllm_as_it_samples(vllm_engine, reference, lego_config, work_dir,
+                                                                  docker_engine, base_image):
+    """A real harness (Claude Code streams its calls) in a sandbox, the proxy streaming vLLM's tokens to it: what the
+    proxy records is what the transformers engine gives the same ids."""
+    from lego.rollout.attempt import run_rollout
+
+    installed("claude-code")
+    config = with_overrides(lego_config, harness={"name": "claude-code", "max_turns": 2, "timeout_s": 180},
+                            sampling={"max_tokens": 12})
+
+    async def go():
+        async with worker(config, work_dir, docker_engine, base_image, vllm_engine, "claude-code") as (adapter, res):
+            return await run_rollout(bundled_task(), adapter, resources=res, config=config, rollout_id="vllm-cc")
+
+    trajectory = run(go())
+    assert trajectory.error is None, trajectory.harness_log[-3000:]
+    served = [call for call in trajectory.calls if call.error is None]
+    assert served and all(call.completion_tokens <= 12 for call in served)
+    assert any(call.stream for call in served)
+    segment = trajectory.main_segments[0]
+    assert segment.num_sampled > 0
+    sampled = segment.response_mask == 1
+    first = int(np.argmax(sampled))  # the LM head over the sampled part only: a 25k-token prompt's would take minutes
+    logprobs, routing = run(reference.score_with_routing(segment.token_ids.tolist(), first=first))
+    np.testing.assert_allclose(segment.logprobs[first:][sampled[first:]],
+                               np.asarray(logprobs, dtype=np.float32)[sampled[first:]], atol=1e-4)
+    last_of_each_reply = sampled & ~np.append(sampled[1:], False)  # never fed to vLLM: no routing row
+    fed = ~last_of_each_reply
+    np.testing.assert_array_equal(np.sort(segment.routed_experts[fed], -1), np.sort(routing[fed], -1))
 
 
 def test_without_a_vllm_environment_the_engine_says_how_to_get_one(model_path, tmp_path, monkeypatch):
