@@ -12,8 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One intra-op thread per torch process (this one and the `lego` children): the suite runs several workers on few
-# cores, where each process's own thread pool only contends with the others (the same torch work cost about a third
-# more CPU time with two threads a process on the 2-core machine, docs/benchmarks.md).
+# cores, where each process's own thread pool only contends with the others (`scripts/gpu_check.sh --cpu` took 34 s
+# of CPU with two threads, 20 s with one, on the loaded 2-core machine: docs/benchmarks.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Parallel workers (pytest -n, scripts/test.sh): each gets a work dir of its own (catalog, MLflow, Prefect home,
