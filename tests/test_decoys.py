@@ -400,6 +400,14 @@ def test_singletons_and_orders_stand_only_where_every_passing_run_makes_the_chec
     assert found == [("order", "index(pair) == rank(pair)")]
     assert not [kind for kind, _ in sites(source + "    return\n", "test_reach") if kind in ("singleton", "order")]
 
+def test_a_literal_a_difference_check_is_given_is_no_expectation():
+    source = ("def test_ne(self):\n"
+              "    self.assertNotEqual(make(7), 1)\n"
+              "    assert_not_equal(make(7), 'abc')\n"
+              "    self.assertEqual(make(1), make(2))\n")
+    kinds = [kind for kind, _ in sites(source, "test_ne")]
+    assert "value" not in kinds and kinds.count("order") == 1
+
 SOUND_MODULE = '''import unittest
 
 import pytest

@@ -27,7 +27,7 @@ def literal(text: str):
     """The value of a literal's source (ast.literal_eval of a string parses it: one thread at a time too)."""
     return ast.literal_eval(parse_python(text, mode="eval").body)
 
-DECOY_FORMAT = 10  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+DECOY_FORMAT = 11  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
 MAX_SITES_PER_TEST = 2
 MAX_VARIANTS_PER_SITE = 10  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12
@@ -42,7 +42,15 @@ EQUALITY_CALLS = frozenset({
 EQUALITY_NAME = re.compile(r"(?:^|_)(?:eq|equal|equals|isclose|allclose|close|approx|same)(?:$|_)", re.IGNORECASE)
 
 
+# An oracle that checks a difference (`assertNotEqual`, `assert_not_equal`): a literal it is given is not what the
+# code must produce, and another value there is no decoy (it would pass beside the real check, or fail for a
+# different correct answer).
+NEGATED_NAME = re.compile(r"(?:^|_)[Nn]ot(?:$|_)|Not[A-Z]|^ne$")
+
+
 def is_equality_call(name: str) -> bool:
+    if NEGATED_NAME.search(name):
+        return False
     return name in EQUALITY_CALLS or bool(EQUALITY_NAME.search(name)) or name.startswith("assert") and "Equal" in name
 
 
