@@ -91,6 +91,14 @@ def test_concurrent_requests_keep_their_own_tokens_and_rows(vllm_engine, referen
         assert_matches_reference(reference, prompt, result)
 
 
+def test_a_seeded_request_with_a_prompt_longer_than_a_prefill_chunk(vllm_engine):
+    """vLLM's CPU model runner crashes on a seeded request whose prompt it prefills in chunks (2048 tokens by
+    default); the worker prefills a prompt in one step."""
+    prompt = (PROMPT * 300)[:3000]
+    result = run(vllm_engine.generate(prompt, SamplingParams(max_tokens=4, seed=9)))
+    assert len(result.token_ids) == 4 and result.routed_experts.shape[0] == 3004
+
+
 def test_stop_tokens_and_stop_strings_end_the_generation(vllm_engine, tokenizer):
     free = run(vllm_engine.generate(PROMPT, SamplingParams(max_tokens=12, seed=5)))
     index = next(i for i, token in enumerate(free.token_ids) if i >= 2 and token not in free.token_ids[:i])
