@@ -227,3 +227,37 @@ def test_without_a_vllm_environment_the_engine_says_how_to_get_one(model_path, t
     monkeypatch.delenv("LEGO_VLLM_PYTHON", raising=False)
     with pytest.raises(EngineUnavailableError, match="scripts/setup.sh"):
         VLLMEngine(model_path)
+
+
+def test_the_routing_capture_files_rows_by_request_and_position_and_says_when_vllm_moved():
+    """lego.engine.vllm_routing on the calls vLLM makes (routers, model forward, end of a step): a prompt prefilled
+    over two steps beside another request lands in place; a layer that never reports fails the request loudly."""
+    import torch
+
+    from lego.engine.vllm_routing import RoutingCapture, RoutingCaptureError
+
+    capture = RoutingCapture(num_layers=2, top_k=2)
+
+    def step(rows: dict[str, list[int]], layers: int = 2) -> None:
+        """One forward: each request's positions, its rows' expert ids derived from (request, position)."""
+        order = list(rows)
+        positions = [p for rid in order for p in rows[rid]]
+        ids = torch.tensor([[ord(rid) % 4, (p % 3) + 1] for rid in order for p in rows[rid]])
+        capture.forward_positions(torch.tensor(positions))
+        for layer in range(layers):
+            capture.capture(layer, ids)
+        capture.end_step(order, {rid: len(rows[rid]) for rid in order})
+
+    step({"a": [0, 1, 2], "b": [0, 1]})  # a's prompt in two chunks, b's prompt whole
+    step({"b": [2], "a": [3, 4]})  # b decodes first this step: the runner's order, not the arrival's
+    step({"a": [5]})
+    a = capture.take("a", 6)
+    assert a.shape == (6, 2, 2) and a.dtype == np.uint8
+    assert a[:, 0].tolist() == [[ord("a") % 4, p % 3 + 1] for p in range(6)]
+    assert capture.take("b", 3)[:, 1].tolist() == [[ord("b") % 4, p % 3 + 1] for p in range(3)]
+    step({"c": [0]})
+    with pytest.raises(RoutingCaptureError, match="positions"):
+        capture.take("c", 2)  # position 1 was never computed (a prefix-cache hit would do that)
+    step({"d": [0, 1]}, layers=1)  # layer 1's router no longer reports
+    with pytest.raises(RoutingCaptureError, match=r"layers \[1\]"):
+        capture.take("d", 2)
