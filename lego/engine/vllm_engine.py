@@ -62,9 +62,9 @@ class _Pending:
     queue: asyncio.Queue
 
 
-def _stop_worker(process: subprocess.Popen, sock: socket.socket, scratch: str, keep_log: bool) -> None:
-    """End the worker: a shutdown message, then a kill if it lingers. A module-level function so that the finalizer
-    that calls it for an engine nobody closed holds no reference to the engine."""
+def _stop_worker(process: subprocess.Popen, sock: socket.socket, scratch: str) -> None:
+    """End the worker: a shutdown message, then a kill if it lingers; its log is kept unless it ended cleanly. A
+    module-level function so that the finalizer that calls it for an engine nobody closed holds no reference to it."""
     try:
         sock.sendall(b'{"op":"shutdown"}\n')
     except OSError:
@@ -75,7 +75,7 @@ def _stop_worker(process: subprocess.Popen, sock: socket.socket, scratch: str, k
         process.kill()
         process.wait(timeout=30)
     sock.close()
-    if not keep_log:
+    if process.returncode == 0:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -136,7 +136,7 @@ class VLLMEngine:
         ready = json.loads(self._incoming.readline() or b"{}")
         if ready.get("op") != "ready":
             self._fail_start("the vLLM worker closed its socket before loading the model")
-        self._finalizer = weakref.finalize(self, _stop_worker, self._process, self._sock, self._scratch, True)
+        self._finalizer = weakref.finalize(self, _stop_worker, self._process, self._sock, self._scratch)
         self._reader = threading.Thread(target=self._read, name="lego-vllm-reader", daemon=True)
         self._reader.start()
         self.startup_s = time.perf_counter() - started
