@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from lego.cache import content_hash
 from lego.config import LegoConfig, TinyModelSpec
@@ -14,7 +13,12 @@ from lego.engine.tokenizer import ensure_tokenizer, load_tokenizer
 from lego.errors import ModelError
 from lego.workdir import WorkDir
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a model is built or loaded: finding, checking and versioning a checkpoint (a cached run, a
+# test's set-up) stays a few file reads
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
 MARKER = "lego_model.json"
 
 
@@ -53,6 +57,8 @@ def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool =
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.pad_token_id,
     )
+    import torch
+
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(model_config)
     if out.exists():
@@ -69,11 +75,14 @@ def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool =
 
 
 def load_model(path: Path, dtype: str = "float32", device: str = "cpu"):
+    import torch
     from transformers import AutoModelForCausalLM
 
     if not (path / "config.json").is_file():
         raise ModelError(f"no transformers checkpoint at {path}; run `lego model init` or set model.path")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    if dtype not in DTYPE_NAMES:
+        raise ModelError(f"unknown model dtype {dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
     return model.to(device).eval()
 
 
