@@ -36,10 +36,14 @@ def model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def vllm_engine(model_path):
+def vllm_engine(model_path, lego_config):
+    """What `engine.kind: vllm` makes (float32, a context for a harness's ~25k-token prompt)."""
+    from lego.engine.factory import make_engine
     from lego.engine.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(model_path, dtype="float32", max_context=32768)  # a harness's prompt: ~25k tokens
+    config = with_overrides(lego_config, engine={"kind": "vllm", "dtype": "float32"}, model={"context_length": 32768})
+    engine = make_engine(config, model_path)
+    assert isinstance(engine, VLLMEngine) and engine.max_context == 32768
     yield engine
     engine.close()
 
