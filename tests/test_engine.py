@@ -170,9 +170,10 @@ def test_make_engine_picks_by_kind(lego_config, tiny_model_path):
 
 def test_vllm_engine_generates_with_routing(tiny_model_path):
     """vLLM's own routed-experts capture (GPU); tests/test_vllm_engine.py covers the engine and its CPU capture."""
-    if not torch.cuda.is_available():
-        pytest.skip("vLLM's routed-experts capture needs a CUDA device")
-    from lego.engine.vllm_engine import VLLMEngine
+    from lego.engine.vllm_engine import VLLMEngine, vllm_available
+
+    if not torch.cuda.is_available() or not vllm_available():
+        pytest.skip("vLLM's routed-experts capture needs a CUDA device and vLLM's GPU build")
 
     engine = VLLMEngine(tiny_model_path, dtype="bfloat16", max_context=2048, enforce_eager=True)
     result = run(engine.generate(PROMPT, SamplingParams(max_tokens=8, seed=0)))
