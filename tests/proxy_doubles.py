@@ -42,14 +42,24 @@ _GRAMMARS: dict[int, Any] = {}  # id(tokenizer) -> GrammarMasks (reading a vocab
 
 def follows_constraint(tokenizer, constraint, tokens: list[int]) -> bool:
     """Whether `tokens` (a whole reply, its stop token included) is a reply the constraint's grammar allows, checked
-    with the engines' own grammar library (lego/engine/grammar_mask.py)."""
+    with the engines' own grammar code (lego/engine/grammar_mask.py): each token must be one the logits mask allows
+    (what an engine samples from) and one the grammar's matcher accepts (the two must agree)."""
+    import torch
+
     from lego.engine.grammar_mask import GrammarMasks
 
     masks = _GRAMMARS.get(id(tokenizer))
     if masks is None:
         masks = _GRAMMARS[id(tokenizer)] = GrammarMasks(tokenizer, 151936)
     mask = masks.mask(masks.compile(constraint), (IM_END,))
-    return all(mask.matcher.accept_token(token) for token in tokens) and mask.complete
+    logits = torch.zeros(151936)
+    for token in tokens:
+        allowed = bool(torch.isfinite(mask.apply(logits)[token]))
+        accepted = mask.matcher.accept_token(token)
+        assert allowed == accepted, f"the mask and the matcher disagree on token {token}"
+        if not accepted:
+            return False
+    return mask.complete
 
 
 class ScriptedEngine:

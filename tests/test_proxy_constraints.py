@@ -186,3 +186,23 @@ def test_a_thinking_template_keeps_its_think_block(tokenizer):
     assert allows(strict, "Let me look.\n</think>\n\nSure.\n" + call)
     assert allows(strict, "Let me look.\n</think>\n\n" + tool_call_text("bash", {"anything": [1]}))
     assert not allows(strict, "Let me look.\n</think>\n\n" + tool_call_text("read", {"path": "b.py"}))
+
+
+def test_constraints_that_differ_in_token_ids_get_their_own_grammars(tokenizer):
+    """Calls of two tools whose openings have as many tokens: each constraint gets its own token masks, which agree
+    with its matcher (xgrammar's own cache gave a named call of `read` the masks of a grammar allowing `bash`)."""
+    from proxy_doubles import follows_constraint, tool_call_text
+
+    from lego.engine.constraints import forced_call_constraint
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    end = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    read, bash = tool_call_text("read", {"path": "a.py"}), tool_call_text("bash", {"command": "ls"})
+    either = forced_call_constraint([BASH, READ], None, False, False, encode)
+    assert follows_constraint(tokenizer, either, encode(read) + end)
+    assert follows_constraint(tokenizer, either, encode(bash) + end)
+    named = forced_call_constraint([BASH, READ], "read", True, False, encode)
+    assert follows_constraint(tokenizer, named, encode(read) + end)
+    assert not follows_constraint(tokenizer, named, encode(bash) + end)

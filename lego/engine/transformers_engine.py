@@ -218,13 +218,13 @@ class TransformersEngine:
         return await asyncio.to_thread(self._compile, constraint)
 
     def _compile(self, constraint: Constraint):
-        with self._grammar_lock:
+        with self._grammar_lock:  # one at a time: GrammarMasks keeps the compiled grammars
             if self._grammar_masks is None:
                 from lego.engine.grammar_mask import GrammarMasks
 
                 vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
                 self._grammar_masks = GrammarMasks(self.tokenizer, vocab_size)
-        return self._grammar_masks.compile(constraint)
+            return self._grammar_masks.compile(constraint)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
