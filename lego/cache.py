@@ -7,6 +7,7 @@ import hashlib
 import os
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -32,6 +33,19 @@ def content_hash(*parts: str | bytes, length: int = 16) -> str:
         digest.update(len(data).to_bytes(8, "little"))
         digest.update(data)
     return digest.hexdigest()[:length]
+
+
+def seed_database_from(db: Path, template: Callable[[], Path], unavailable: tuple[type[BaseException], ...] = (OSError,)
+                       ) -> None:
+    """`seed_database` with the template built on demand, where `db` does not exist yet; when the template cannot be
+    had (`unavailable`: no writable machine cache, a failed build), the database's own program creates `db`."""
+    if db.exists():
+        return
+    try:
+        built = template()
+    except unavailable:
+        return
+    seed_database(db, built)
 
 
 def seed_database(db: Path, template: Path) -> bool:

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lego.cache import cache_dir, seed_database
+from lego.cache import cache_dir, seed_database_from
 from lego.workdir import WorkDir
 
 
@@ -36,14 +36,7 @@ def seed_prefect_database(prefect_home: Path) -> None:
     new work dir (seconds of CPU and disk syncs). Nothing to do where the database is configured elsewhere."""
     if os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL"):
         return
-    db = prefect_home / "prefect.db"
-    if db.exists():
-        return
-    try:
-        template = _empty_database_template()
-    except (OSError, subprocess.SubprocessError):  # no machine cache: Prefect migrates the new database itself
-        return
-    seed_database(db, template)
+    seed_database_from(prefect_home / "prefect.db", _empty_database_template, (OSError, subprocess.SubprocessError))
 
 
 def _empty_database_template() -> Path:

@@ -14,7 +14,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from lego.cache import cache_dir, seed_database
+from lego.cache import cache_dir, seed_database_from
 
 SQLITE_PREFIX = "sqlite:///"
 
@@ -23,14 +23,7 @@ def seed_sqlite_store(uri: str) -> None:
     """Put the machine's empty migrated store at `uri`'s path when it is a SQLite file that does not exist yet."""
     if not uri.startswith(SQLITE_PREFIX):
         return
-    db = Path(uri.removeprefix(SQLITE_PREFIX))
-    if db.exists():
-        return
-    try:
-        template = empty_store_template()
-    except OSError:  # no writable machine cache: MLflow migrates the new store itself
-        return
-    seed_database(db, template)
+    seed_database_from(Path(uri.removeprefix(SQLITE_PREFIX)), empty_store_template)
 
 
 def empty_store_template() -> Path:
