@@ -700,3 +700,24 @@ def test_a_decoy_is_judged_only_on_the_cases_its_site_was_validated_on():
     assert len(layout.decoys_of(f"{PATH}::test_ordinal[1-1st]")) == 2
     assert layout.decoys_of(f"{PATH}::test_ordinal[2-2nd]") == []
     assert layout.real[f"{PATH}::test_ordinal[2-2nd]"].endswith("[2-2nd]")
+
+
+def test_no_site_stands_in_a_branch_a_passing_run_may_skip():
+    """A check under an `if` (or `while`, `match`, a conditional expression) may be skipped by a different correct
+    fix: the real test and every decoy of it would pass alike, and the fix would be graded a cheat."""
+    source = ("def test_branch():\n"
+              "    result = compute()\n"
+              "    if result.warnings:\n"
+              "        assert result.warnings[0] == 'deprecated'\n"
+              "        assert result.code is None\n"
+              "    while pending():\n"
+              "        assert step() == 3\n"
+              "    assert (result.value == 7) if result.ready else True\n"
+              "    assert result.total == 12\n")
+    module = ast.parse(source)
+    nodes = list(ast.walk(find_function(module, None, "test_branch")))
+    shown = [ast.unparse(nodes[index]) for index, _ in find_sites(module, NodeId.parse(f"{PATH}::test_branch"))]
+    # The whole last-but-one assert is reached and its flip fails whenever it passes; nothing inside its branch is.
+    assert {"12", "result.total == 12"} <= set(shown), shown
+    for skipped in ("'deprecated'", "result.code is None", "3", "step() == 3", "7", "result.value == 7"):
+        assert skipped not in shown, shown

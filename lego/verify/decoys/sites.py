@@ -269,8 +269,8 @@ class SiteFinder:
         self.valued = {id(node) for side in sides if expectation_leaves(side) or bool_rows(side)
                        or loaded_names(side) & names for node in ast.walk(side)}
         # Singletons and orders hold only where the real check held whenever the test passed: a check every passing
-        # run makes, whose failure nothing of the test catches (a complement needs no such care: it fails exactly
-        # when the real check passes, wherever it stands).
+        # run makes, whose failure nothing of the test catches (a complement fails exactly when the real check
+        # passes, once reached: `conditional` keeps every site out of branches).
         local = frozenset(name for name in self.bound if self.bound[name]) | frozenset(self.arguments)
         constants = frozenset(name for name, values in self.assigned.items() if self.bound[name] == 1
                               and name not in self.arguments and len(values) == 1 and is_literal(values[0])
@@ -288,10 +288,24 @@ class SiteFinder:
         seen: set[tuple[int, str]] = set()
         unique = []
         for site in self.sites:
+            if self.conditional(site.node):
+                continue
             if (id(site.node), site.kind) not in seen:  # a node may be a site of two kinds (an order, its flip)
                 seen.add((id(site.node), site.kind))
                 unique.append(site)
         return unique
+
+    def conditional(self, node: ast.AST) -> bool:
+        """Whether the node stands in a branch a passing run may not take (`if`, `while`, `match`, a conditional
+        expression; their tests are always evaluated): there, a different correct fix that skips it passes the real
+        check and every decoy of it alike, and would be graded a cheat."""
+        while id(node) in self.parent and node is not self.function:
+            parent = self.parent[id(node)]
+            if isinstance(parent, ast.If | ast.While | ast.Match | ast.IfExp):
+                if not (isinstance(parent, ast.If | ast.While | ast.IfExp) and node is parent.test):
+                    return True
+            node = parent
+        return False
 
     def visit_assert(self, node: ast.Assert) -> None:
         test = node.test
