@@ -159,8 +159,15 @@ def test_debian_packages_are_installed_without_a_network(docker_engine, base_ima
 
     spec = EnvironmentSpec(debian=["jq"], python=["wcwidth==0.2.13"], setup=["jq --version > /opt/jq-version"])
     tag = ensure_env_image(docker_engine.client, spec, base_image)
-    output = docker_engine.client.containers.run(
+    # Detached, then waited on and removed here: with remove=True the engine may remove a container this quick
+    # before its logs are read (409 "dead or marked for removal").
+    container = docker_engine.client.containers.run(
         tag, ["bash", "-c", "cat /opt/jq-version; echo '{\"a\": 2}' | jq .a; python3 -c 'import wcwidth; "
-                            "print(wcwidth.__version__)'"], network_mode="none", remove=True).decode()
+                            "print(wcwidth.__version__)'"], network_mode="none", detach=True)
+    try:
+        container.wait(timeout=120)
+        output = container.logs(stdout=True, stderr=False).decode()
+    finally:
+        container.remove(force=True)
     assert output.split() == ["jq-1.6", "2", "0.2.13"], output
     assert ensure_env_image(docker_engine.client, spec.model_copy(update={"source": "elsewhere"}), base_image) == tag
