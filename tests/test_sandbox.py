@@ -53,6 +53,33 @@ def test_exec_timeout_output_cap_and_exit_codes(factory, calc_image, lego_config
         assert noisy.truncated and len(noisy.output) <= lego_config.sandbox.output_limit_bytes
 
 
+def test_an_exec_whose_output_the_engine_cut_short_is_an_error_not_an_empty_output(factory, calc_image):
+    from lego.sandbox import ExecOutputLost
+
+    with factory.open(calc_image) as sandbox:
+        # Exact output, whatever it ends with, a background writer's late output included.
+        assert sandbox.exec("printf 'no newline'").output == "no newline"
+        assert sandbox.exec("printf 'a\\0b'; exit 4").output == "a\0b"
+        late = sandbox.exec("(sleep 0.5; echo late) & echo now")
+        assert late.output == "now\nlate\n" and late.exit_code == 0
+        # The engine's stream, cut (`docker exec`'s known race with short commands, seen once in CI as an empty
+        # output with exit code 0): the real command runs, and what comes back of it is dropped.
+        api = sandbox.client.api
+        real_start = api.exec_start
+
+        def cut_short(exec_id, **kwargs):
+            stream = real_start(exec_id, **kwargs)
+            return iter([next(iter(stream), b"")[:1]]) if kwargs.get("stream") else stream
+
+        api.exec_start = cut_short
+        try:
+            with pytest.raises(ExecOutputLost, match="cut short"):
+                sandbox.exec("git branch -a")
+        finally:
+            del api.exec_start
+        assert len(sandbox.exec("git branch -a").output.strip().splitlines()) == 1
+
+
 def test_put_get_and_diff_against_the_pristine_snapshot(factory, calc_image):
     with factory.open(calc_image) as sandbox:
         payload = bytes(range(256)) * 1000

@@ -30,6 +30,12 @@ class ContainerDied(SandboxError):
     """The container stopped while a command ran in it (killed, OOM-killed as a whole, daemon restart)."""
 
 
+class ExecOutputLost(SandboxError):
+    """A command ended normally but its output never fully reached us (the engine dropped the stream's tail: a
+    known race of `docker exec` with short commands). Reading it as the command's output would be a false
+    observation, and for the verifier a false verdict."""
+
+
 class PatchTooLarge(LegoError):
     """The agent's diff is over the cap (verify.max_patch_bytes): it is not transferred, and never graded in part."""
 

@@ -46,7 +46,7 @@ from docker.errors import APIError, DockerException, NotFound
 
 from lego.config import SandboxConfig
 from lego.errors import tail
-from lego.sandbox import SNAPSHOT, ContainerDied, ExecResult, SandboxError
+from lego.sandbox import SNAPSHOT, ContainerDied, ExecOutputLost, ExecResult, SandboxError
 
 if TYPE_CHECKING:
     from lego.tasksets.task import Task
@@ -174,6 +174,15 @@ class LastCommand:
     output_limit: int = 4 << 20
 
 
+def _without_end_line(raw: bytes, end: bytes) -> tuple[bool, bytes]:
+    """(whether the exec's end line came back, the output without it). The last one counts: a process the command
+    left in the background may still write after it."""
+    found = list(re.finditer(re.escape(end) + rb"-?\d+", raw))
+    if not found:
+        return False, raw
+    return True, raw[:found[-1].start()] + raw[found[-1].end():]
+
+
 class LastCommandError(SandboxError):
     """A sandbox's last command could not be started (the gate never came up, or it was run already)."""
 
@@ -261,8 +270,13 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.name} ran its last command; nothing runs in it after that")
         timeout = float(timeout or self.config.exec_timeout_s)
         limit = output_limit or self.config.output_limit_bytes
-        # `timeout` signals the whole process group: children die with the command.
-        argv = ["timeout", "-k", "2", f"{timeout:g}", "bash", "-c", command]
+        # `timeout` signals the whole process group: children die with the command. Outside that group, a wrapper
+        # ends the output with a line only this exec knows: without it, the output that came back is not the
+        # command's whole output.
+        end = f"[lego-exec-end {os.urandom(8).hex()}]"
+        argv = ["timeout", "-k", "2", f"{timeout:g}", "bash", "-c", command] if detach else [
+            "bash", "-c", 'timeout -k 2 "$1" bash -c "$2"; rc=$?; printf "%s%d" "$3" "$rc"; exit "$rc"', "lego-exec",
+            f"{timeout:g}", command, end]
         api = self.client.api
         started = time.monotonic()
         try:
@@ -277,15 +291,16 @@ class DockerSandbox:
             raise SandboxError(f"exec in {self.name} failed: {exc}") from exc
         chunks: list[bytes] = []
         state = {"size": 0, "truncated": False}
+        room = limit + len(end) + 12  # the command's output, then the end line with its exit status
 
         def drain() -> None:
             try:
                 for chunk in stream:
-                    if state["size"] < limit:
-                        keep = chunk[: limit - state["size"]]
+                    if state["size"] < room:
+                        keep = chunk[: room - state["size"]]
                         chunks.append(keep)
                         state["size"] += len(keep)
-                    if len(chunk) and state["size"] >= limit:
+                    if len(chunk) and state["size"] >= room:
                         state["truncated"] = True
             except Exception:  # the stream breaks when the container dies; reported below
                 pass
@@ -305,7 +320,10 @@ class DockerSandbox:
                 pass
             reader.join(5)
         duration = time.monotonic() - started
-        output = b"".join(chunks).decode("utf-8", errors="replace")
+        raw = b"".join(chunks)
+        ended, raw = _without_end_line(raw, end.encode())
+        truncated = state["truncated"] or len(raw) > limit
+        output = raw[:limit].decode("utf-8", errors="replace")
         try:
             exit_code = api.exec_inspect(exec_id).get("ExitCode")
         except (APIError, DockerException) as exc:
@@ -320,8 +338,10 @@ class DockerSandbox:
         if not self.is_running() or (by_signal and self._stops_within(2.0)):
             raise ContainerDied(f"container {self.name} died during exec (exit code {exit_code}): {tail(output)}")
         timed_out = hard_timeout or (exit_code in (124, 137) and duration >= timeout - 0.5)
-        return ExecResult(int(exit_code), output, timed_out=timed_out, truncated=state["truncated"],
-                          duration_s=duration)
+        if not ended and not truncated and not timed_out and not by_signal:
+            raise ExecOutputLost(f"the output of an exec in {self.name} was cut short by the engine (exit code "
+                                 f"{exit_code}, {len(raw)} bytes came back): run the command again")
+        return ExecResult(int(exit_code), output, timed_out=timed_out, truncated=truncated, duration_s=duration)
 
     def run_last_command(self, timeout: float) -> ExecResult:
         """Start the sandbox's last command and wait for the container to end with it (at most `timeout` seconds,
