@@ -17,7 +17,8 @@ from lego.harness import base
 from lego.records import TerminationReason
 
 RUNNER = Path(__file__).parent / "runners" / "mini_swe_agent_runner.py"
-RUNTIME_FILES = (RUNNER,)  # run, not imported (lego.pipeline.keys)
+# Run, not imported (lego.pipeline.keys); the runner reads exec streams with lego/sandbox/exec_stream.py.
+RUNTIME_FILES = (RUNNER, RUNNER.parent / "sandbox_exec.py", RUNNER.parent.parent.parent / "sandbox" / "exec_stream.py")
 RESULT_PREFIX = "LEGO_RESULT "
 COMPLETED = {"Submitted", "RepeatedFormatError"}
 

@@ -19,7 +19,9 @@ from lego.harness.mini_swe_agent import result_line
 from lego.records import TerminationReason
 
 RUNNER = Path(__file__).parent / "runners" / "openhands_runner.py"
-RUNTIME_FILES = (RUNNER, RUNNER.parent / "docker_shell.py")  # run, not imported (lego.pipeline.keys)
+# Run, not imported (lego.pipeline.keys); the runners read exec streams with lego/sandbox/exec_stream.py.
+RUNTIME_FILES = (RUNNER, RUNNER.parent / "docker_shell.py", RUNNER.parent / "sandbox_exec.py",
+                 RUNNER.parent.parent.parent / "sandbox" / "exec_stream.py")
 class OpenHands:
     spec = base.HarnessSpec(
         name="openhands", protocol="openai_chat", default_version="1.58.2", install_kind="venv",

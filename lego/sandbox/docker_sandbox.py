@@ -47,6 +47,7 @@ from docker.errors import APIError, DockerException, NotFound
 from lego.config import SandboxConfig
 from lego.errors import tail
 from lego.sandbox import SNAPSHOT, ContainerDied, ExecOutputLost, ExecResult, SandboxError
+from lego.sandbox.exec_stream import ExecStream, run_exec
 
 if TYPE_CHECKING:
     from lego.tasksets.task import Task
@@ -286,7 +287,7 @@ class DockerSandbox:
             if detach:
                 api.exec_start(exec_id, detach=True)
                 return ExecResult(0, "", duration_s=0.0)
-            stream = api.exec_start(exec_id, stream=True, demux=False)
+            started_exec = ExecStream(api, exec_id)
         except (APIError, DockerException) as exc:
             raise SandboxError(f"exec in {self.name} failed: {exc}") from exc
         chunks: list[bytes] = []
@@ -295,7 +296,7 @@ class DockerSandbox:
 
         def drain() -> None:
             try:
-                for chunk in stream:
+                for chunk in started_exec.output():
                     if state["size"] < room:
                         keep = chunk[: room - state["size"]]
                         chunks.append(keep)
@@ -319,6 +320,8 @@ class DockerSandbox:
             except (APIError, DockerException):
                 pass
             reader.join(5)
+        if not reader.is_alive():
+            started_exec.close()
         duration = time.monotonic() - started
         raw = b"".join(chunks)
         ended, raw = _without_end_line(raw, end.encode())
@@ -500,8 +503,7 @@ class DockerSandbox:
             try:
                 exec_id = api.exec_create(self.container.id, ["python3", "-c", RECLAIM], workdir="/",
                                           user=AGENT_USER)["Id"]
-                output = api.exec_start(exec_id)
-                if b"reclaimed" in (output or b""):
+                if b"reclaimed" in run_exec(api, exec_id):
                     return True
             except (APIError, DockerException):
                 if not self.is_running():

@@ -52,6 +52,7 @@ from pydantic import BaseModel, Field
 
 from lego.errors import LegoError, tail
 from lego.sandbox.docker_sandbox import AGENT_USER, KEEPER_USER, DockerSandbox
+from lego.sandbox.exec_stream import ExecStream
 
 SEAL_STORE = ".lego-seal"  # in the reward volume's root: the keeper's alone (mode 700): session inodes, manifest
 SEAL_MARKER = "LEGO-HARBOR-SEAL:"
@@ -156,7 +157,7 @@ class RewardSeal:
             exec_id = api.exec_create(self.sandbox.container.id, ["python3", "-I", "-c", KEEPER_SOURCE,
                                                                   json.dumps(self.config)],
                                       user=KEEPER_USER, workdir="/", stdout=True, stderr=True)["Id"]
-            stream = api.exec_start(exec_id, stream=True, demux=False)
+            stream = ExecStream(api, exec_id).output()
         except (APIError, DockerException) as exc:
             raise SealUnavailable(f"starting the reward keeper in {self.sandbox.name} failed: {exc}") from exc
         self._thread = threading.Thread(target=self._serve, args=(stream,), daemon=True,

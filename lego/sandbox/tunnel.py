@@ -24,9 +24,9 @@ import threading
 from pathlib import Path
 
 from docker.errors import APIError, DockerException
-from docker.utils.socket import frames_iter
 
 from lego.sandbox import SandboxError
+from lego.sandbox.exec_stream import ExecStream
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +155,12 @@ class ProxyTunnel:
                                                      str(MAX_CONNECTIONS)],
                                       stdin=True, stdout=True, stderr=False, tty=False, user=user,
                                       environment=environment, workdir="/")["Id"]
-            self._stream = api.exec_start(exec_id, socket=True)
+            self._stream = ExecStream(api, exec_id)
         except (APIError, DockerException) as exc:
             raise TunnelError(f"starting the proxy tunnel in {self.name} failed: {exc}; check that the sandbox "
                               "image has python3 and the engine allows exec") from exc
         self.exec_id = exec_id
         self._api = api
-        # Unix and TCP engines hand back a SocketIO (partial writes); sendall needs the socket under it.
-        self._raw = getattr(self._stream, "_sock", self._stream)
         self._reader = threading.Thread(target=self._read_frames, name=f"lego-tunnel-{self.name}", daemon=True)
         self._reader.start()
 
@@ -174,7 +172,7 @@ class ProxyTunnel:
             if self.closed:
                 return
             try:
-                self._raw.sendall(frame)
+                self._stream.sendall(frame)
             except OSError as exc:
                 log.debug("proxy tunnel %s: the exec stream is gone: %r", self.name, exc)
                 self._shutdown()
@@ -184,7 +182,7 @@ class ProxyTunnel:
     def _read_frames(self) -> None:
         buffer = bytearray()
         try:
-            for stream, chunk in frames_iter(self._stream, tty=False):
+            for stream, chunk in self._stream.chunks():
                 if stream != 1 or not chunk:  # stdout only: the relay's stderr is not attached
                     continue
                 buffer += chunk

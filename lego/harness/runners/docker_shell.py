@@ -16,6 +16,7 @@ import termios
 import tty
 
 import docker
+from sandbox_exec import exec_stream
 
 FORWARDED_ENV = ("PS1", "PS2", "TERM", "GIT_PAGER", "PAGER")
 
@@ -29,8 +30,9 @@ def main() -> int:
     env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     exec_id = api.exec_create(container, ["bash", "-i"], stdin=True, tty=True, workdir=workdir,
                               environment=env, user=user)["Id"]
-    connection = api.exec_start(exec_id, tty=True, socket=True)
-    remote = getattr(connection, "_sock", connection)
+    connection = exec_stream.ExecStream(api, exec_id, tty=True)
+    remote = connection.socket
+    os.write(1, connection.pending())  # the shell's first output, read with the engine's reply
     # Bash >= 5.1 wraps each prompt in bracketed-paste escapes; OpenHands' usual terminals (tmux panes) never show
     # them to the model, so they are turned off before the harness's own set-up line runs.
     remote.sendall(b"bind 'set enable-bracketed-paste off' 2>/dev/null\n")

@@ -19,6 +19,7 @@ from minisweagent.agents.default import DefaultAgent
 from minisweagent.config import builtin_config_dir
 from minisweagent.environments.docker import DockerEnvironment, DockerEnvironmentConfig
 from minisweagent.models.litellm_model import LitellmModel
+from sandbox_exec import exec_stream
 
 
 class SandboxEnvironmentConfig(DockerEnvironmentConfig):
@@ -43,7 +44,7 @@ class SandboxEnvironment(DockerEnvironment):
         try:
             exec_id = self.api.exec_create(self.container_id, argv, workdir=cwd or self.config.cwd,
                                            environment=self.config.env, user=self.config.user)["Id"]
-            raw = self.api.exec_start(exec_id)
+            raw = exec_stream.run_exec(self.api, exec_id)
             code = self.api.exec_inspect(exec_id).get("ExitCode")
             output = {"output": raw.decode("utf-8", errors="replace"), "returncode": code, "exception_info": ""}
             if code == 124:

@@ -39,6 +39,7 @@ from openhands.tools.preset.default import get_default_agent
 from openhands.tools.terminal import TerminalTool
 from openhands.tools.terminal.impl import TerminalExecutor
 from pydantic import SecretStr
+from sandbox_exec import exec_stream
 
 SHELL = Path(__file__).parent / "docker_shell.py"
 WRITES = {"create", "str_replace", "insert", "undo_edit"}
@@ -47,7 +48,7 @@ SANDBOX: dict = {}  # container_id, workdir, scratch, api, user: set by main() b
 
 def _exec(api, container: str, script: str, *args: str) -> tuple[int, str]:
     exec_id = api.exec_create(container, ["bash", "-c", script, "lego", *args], user=SANDBOX["user"])["Id"]
-    output = api.exec_start(exec_id).decode("utf-8", errors="replace")
+    output = exec_stream.run_exec(api, exec_id).decode("utf-8", errors="replace")
     return api.exec_inspect(exec_id).get("ExitCode") or 0, output
 
 
