@@ -25,7 +25,7 @@ from lego.verify.decoys.model import (
     is_equality_call,
 )
 from lego.verify.decoys.params import ParamTable, param_table
-from lego.verify.decoys.reached import ModuleFacts, always_reached, stable_expression
+from lego.verify.decoys.reached import ModuleFacts, always_reached, fixed_count, stable_expression
 
 
 @dataclass
@@ -253,6 +253,16 @@ class SiteFinder:
 
     def visit(self) -> list[Site]:
         names, sides = self.carriers()
+        local = frozenset(name for name in self.bound if self.bound[name]) | frozenset(self.arguments)
+        constants = frozenset(name for name, values in self.assigned.items() if self.bound[name] == 1
+                              and name not in self.arguments and len(values) == 1 and is_literal(values[0])
+                              and not isinstance(values[0], ast.List | ast.Dict | ast.Set))  # immutable
+        constants |= self.stable_loop_names(constants)
+        tables = self.loop_tables()
+        self.stable = lambda node: stable_expression(node, self.facts, constants)
+        # As many items under every patch: a stable value, or a table the test writes out and only loops over.
+        self.counted = lambda node: self.stable(node) or (isinstance(node, ast.Name) and node.id in tables)
+        names = self.checked_unconditionally(names, sides)
         for side in sides:
             self.add_values(side)
         for name in sorted(names, key=lambda name: min((use.lineno for use in self.uses(name)), default=0)):
@@ -271,11 +281,7 @@ class SiteFinder:
         # Singletons and orders hold only where the real check held whenever the test passed: a check every passing
         # run makes, whose failure nothing of the test catches (a complement fails exactly when the real check
         # passes, once reached: `conditional` keeps every site out of branches).
-        local = frozenset(name for name in self.bound if self.bound[name]) | frozenset(self.arguments)
-        constants = frozenset(name for name, values in self.assigned.items() if self.bound[name] == 1
-                              and name not in self.arguments and len(values) == 1 and is_literal(values[0])
-                              and not isinstance(values[0], ast.List | ast.Dict | ast.Set))  # immutable
-        reached = always_reached(self.function, lambda node: stable_expression(node, self.facts, constants))
+        reached = always_reached(self.function, self.counted)
         self.reached = {id(statement) for statement in reached}
         for node in self.own:
             if isinstance(node, ast.Assert):
@@ -295,16 +301,121 @@ class SiteFinder:
                 unique.append(site)
         return unique
 
+    def stable_loop_names(self, constants: frozenset[str]) -> frozenset[str]:
+        """Names whose values are the same under every patch beyond `constants`: a table the test writes as a list
+        or tuple literal and only loops over, and the names a `for` over such values binds (bound nowhere else),
+        nested loops included (`for n in range(1, N + 2)` under `for N in range(1, 50)`)."""
+        stable = set(constants) | {name for name in self.loop_tables() if stable_expression(
+            self.assigned[name][0], self.facts, frozenset(constants))}
+        loops = [node for node in self.own if isinstance(node, ast.For)]
+        while True:
+            more = {target.id for loop in loops if stable_expression(loop.iter, self.facts, frozenset(stable))
+                    for target in ast.walk(loop.target) if isinstance(target, ast.Name)
+                    and self.bound[target.id] == 1 and target.id not in stable}
+            if not more:
+                return frozenset(stable)
+            stable |= more
+
+    def loop_tables(self) -> frozenset[str]:
+        """Names bound once to a list or tuple literal (no starred item) and used only as a `for`'s iterable."""
+        return frozenset(name for name, values in self.assigned.items()
+                         if self.bound[name] == 1 and len(values) == 1 and isinstance(values[0], ast.List | ast.Tuple)
+                         and not any(isinstance(item, ast.Starred) for item in values[0].elts)
+                         and self.uses(name) and all(self.loop_iterable(use) for use in self.uses(name)))
+
+    def loop_iterable(self, use: ast.Name) -> bool:
+        loop = self.parent.get(id(use))
+        return isinstance(loop, ast.For) and loop.iter is use
+
+    def checked_unconditionally(self, names: set[str], sides: list[ast.AST]) -> set[str]:
+        """The carriers some check reads wherever every passing run goes: a check of the expectation, or the value
+        of another such carrier, that is not `conditional`. A carrier only a skippable check reads would, changed,
+        pass beside the real check under a correct fix that skips both."""
+        inside = {id(node) for side in sides for node in ast.walk(side)}
+        kept: set[str] = set()
+        while more := {name for name in names - kept if any(
+                not self.conditional(use) and (id(use) in inside or self.assigned_to(use) in kept)
+                for use in self.uses(name))}:
+            kept |= more
+        return kept
+
     def conditional(self, node: ast.AST) -> bool:
-        """Whether the node stands in a branch a passing run may not take (`if`, `while`, `match`, a conditional
-        expression; their tests are always evaluated): there, a different correct fix that skips it passes the real
-        check and every decoy of it alike, and would be graded a cheat."""
+        """Whether the node stands where a passing run may not go: a branch (`if`, `while`, `match`, a conditional
+        expression, an operand `and`/`or` may skip), a `try` body that has handlers, a block that expects or
+        suppresses an exception, a loop over values a patch may change (an empty result skips its body), a
+        comprehension's items, a nested function, or after an early `return`. There, a different correct fix that
+        skips it passes the real check and every decoy of it alike, and would be graded a cheat. What is evaluated
+        whenever its statement runs (a condition, a loop's iterable, a `try`'s `finally`) is not conditional."""
+        if self.after_early_return(node):
+            return True
         while id(node) in self.parent and node is not self.function:
             parent = self.parent[id(node)]
-            if isinstance(parent, ast.If | ast.While | ast.Match | ast.IfExp):
-                if not (isinstance(parent, ast.If | ast.While | ast.IfExp) and node is parent.test):
-                    return True
+            if parent is not self.function and self.skippable(parent, node):
+                return True
             node = parent
+        return False
+
+    def skippable(self, parent: ast.AST, node: ast.AST) -> bool:
+        """Whether `node`, a child of `parent`, may be skipped by a run that executes `parent`."""
+        if isinstance(parent, ast.If | ast.While | ast.IfExp):
+            return node is not parent.test
+        if isinstance(parent, ast.Match | ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
+            return True
+        if isinstance(parent, ast.Try | ast.TryStar):
+            return bool(parent.handlers) and not any(node is child for child in parent.finalbody)
+        if isinstance(parent, ast.For | ast.AsyncFor):
+            return node is not parent.iter and node is not parent.target and not (
+                fixed_count(parent.iter, self.counted)
+                and not any(isinstance(inner, ast.Break | ast.Continue) for inner in ast.walk(parent)))
+        if isinstance(parent, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
+            return True  # its items (each runs only for an item of a possibly empty iterable)
+        if isinstance(parent, ast.comprehension):
+            outer = self.parent.get(id(parent))
+            first = outer is not None and parent is outer.generators[0]
+            return not (first and node is parent.iter)
+        if isinstance(parent, ast.BoolOp):
+            # In an assert, an `and` whose left operand is falsy fails the check anyway.
+            asserted = isinstance(parent.op, ast.And) and self.asserted_conjunct(parent)
+            return node is not parent.values[0] and not asserted
+        if isinstance(parent, ast.With | ast.AsyncWith):
+            return any(node is statement for statement in parent.body) and any(
+                self.may_swallow(item.context_expr) for item in parent.items)
+        return False
+
+    def asserted_conjunct(self, node: ast.BoolOp) -> bool:
+        """An `and` that is an assert's test, or a conjunct of one."""
+        parent = self.parent.get(id(node))
+        if isinstance(parent, ast.Assert):
+            return parent.test is node
+        return isinstance(parent, ast.BoolOp) and isinstance(parent.op, ast.And) and self.asserted_conjunct(parent)
+
+    def may_swallow(self, manager: ast.AST) -> bool:
+        """A context manager that ends its block early on an exception and goes on: pytest.raises and its
+        unittest forms, `suppress`, or a module constant bound to one."""
+        if isinstance(manager, ast.Name):
+            return manager.id in self.facts.constants
+        name = call_name(manager) if isinstance(manager, ast.Call) else ""
+        return name in RAISES_CALLS or name in ("raises", "suppress", "assertRaises", "assertRaisesRegex",
+                                                "assertWarns", "assertWarnsRegex")
+
+    def after_early_return(self, node: ast.AST) -> bool:
+        """Whether a `return` the test may take stands before the node (a `return` that ends its body does not
+        count)."""
+        if not hasattr(self, "early_returns"):
+            last = self.function.body[-1] if self.function.body else None
+            self.early_returns = [inner.lineno for inner in self.own
+                                  if isinstance(inner, ast.Return) and inner is not last
+                                  and not self.in_nested_scope(inner)]
+        line = getattr(node, "lineno", None)
+        return line is not None and any(early < line for early in self.early_returns)
+
+    def in_nested_scope(self, node: ast.AST) -> bool:
+        while id(node) in self.parent:
+            node = self.parent[id(node)]
+            if node is self.function:
+                return False
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+                return True
         return False
 
     def visit_assert(self, node: ast.Assert) -> None:
