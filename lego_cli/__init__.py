@@ -26,7 +26,8 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Policy checkpoints.", no_args_is_help=True)
 docker_app = typer.Typer(help="The Docker engine that runs sandboxes.", no_args_is_help=True)
-tasks_app = typer.Typer(help="Task sets: list, synthesize, fetch SWE-bench, validate, export.", no_args_is_help=True)
+tasks_app = typer.Typer(help="Task sets: list, synthesize, reshape, fetch SWE-bench, validate, export.",
+                        no_args_is_help=True)
 data_app = typer.Typer(help="Token datasets in DuckDB/Parquet.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(docker_app, name="docker")
@@ -491,6 +492,9 @@ def tasks_export(
     exported = export_harbor(loaded.tasks, harbor, base, verifier_timeout_s=cfg.verify.timeout_s)
     console.print(f"{len(exported)} Harbor task dir(s) in {harbor} (environment FROM {base})")
     print(harbor)
+
+
+from lego_cli import tasks_reshape as _tasks_reshape  # noqa: E402, F401  (registers `lego tasks reshape`)
 
 
 @data_app.command("show")
