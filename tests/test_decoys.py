@@ -762,3 +762,14 @@ def test_no_site_stands_where_a_correct_fix_may_not_go():
         assert reached in shown, (reached, shown)
     for skipped in ("1", "41", "2", "3", "4", "5", "7", "8", "11"):
         assert skipped not in shown, (skipped, shown)
+
+
+def test_the_decoy_sites_bench_counts_the_bundled_sets_candidates(lego_config, work_dir):
+    """`lego bench decoy-sites`, offline: every bundled FAIL_TO_PASS test read from its bundle, and the one test whose
+    single check is a truth (one flip: one decoy) named as short."""
+    from lego.bench import run_benchmark
+
+    config = lego_config.model_copy(update={"tasks": lego_config.tasks.model_copy(update={"source": "bundled"})})
+    found = run_benchmark("decoy-sites", config, work_dir)
+    assert (found["tasks"], found["fail_to_pass"], found["tasks_not_read"]) == (16, 34, [])
+    assert found["with_k_candidates"] == 33 and len(found["short"]) == 1, found

@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, Benchmark] = {}
 MODULES = {
     "sandbox": "lego.bench.sandbox",
     "decoys": "lego.bench.decoys",
+    "decoy-sites": "lego.bench.decoy_sites",
     "proxy": "lego.bench.proxy",
     "dataset": "lego.bench.dataset",
     "rollout": "lego.bench.rollout",
