@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then run the test suite. Extra arguments go to pytest.
 #
-# The suite runs in LEGO_TEST_WORKERS parallel pytest workers (default 3; 1 runs it in one process), one test file
+# The suite runs in LEGO_TEST_WORKERS parallel pytest workers (default 4; 1 runs it in one process), one test file
 # per worker at a time: most tests wait on containers, harness processes and servers rather than compute, so even
 # two cores overlap them. Each worker has a work dir of its own (tests/conftest.py); all share the one Docker engine
 # started here.
@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh -c test || exit 1
 .venv/bin/ruff check lego lego_cli flows tests || exit 1
-WORKERS=${LEGO_TEST_WORKERS:-3}
+WORKERS=${LEGO_TEST_WORKERS:-4}
 parallel=()
 if [ "$WORKERS" -gt 1 ]; then
   engine=$(.venv/bin/lego docker up -c test | grep -o '[a-z]*://[^ ]*' | tail -1)
