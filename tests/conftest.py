@@ -112,19 +112,6 @@ def verifier(docker_engine, base_image, lego_config, factory):
 # ---------------------------------------------------------------------------------------------- skips
 # The only skips a run may have, each with its reason. Any other skip fails the run (a Docker test that skips because
 # no engine answers, a harness that failed to install, a missing tool): a green run must mean the real parts ran.
-# The files whose tests take longest (per-file times of a whole run, docs/benchmarks.md), handed out first: with one
-# file per worker at a time (`--dist loadfile`), a long file handed out last runs alone at the end of the run.
-LONGEST_FIRST = ("test_pipeline.py", "test_harbor_backend.py", "test_task_environments.py", "test_eval.py",
-                 "test_validate.py", "test_run_output.py", "test_harness_scripted.py", "test_rollout_stage.py",
-                 "test_bench_proxy.py", "test_redteam_grading.py", "test_harbor_grading.py", "test_honest_agent.py",
-                 "test_redteam.py", "test_redteam_infra.py", "test_vllm_engine.py", "test_decoy_exchangeability.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: any other order is kept
-
-
 ALLOWED_SKIPS = {
     "tests/test_engine.py::test_vllm_engine_generates_with_routing":
         "no GPU: vLLM's own routed-experts capture runs on a CUDA device (tests/test_vllm_engine.py runs the engine "
