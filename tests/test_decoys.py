@@ -199,6 +199,11 @@ def test_helpers_that_compare_a_parameter_module_level_and_nested():
               "        assert r == e\n"
               "    y('{:d}', 'a 12 b', 12)\n")
     assert values(source, "test_render") == ["'A!'", "12"]
+    # A helper whose comparison a call may skip (it checks only when something is found) checks nothing for sure.
+    skipping = ("def check(text, expected):\n    found = render(text)\n    if found:\n"
+                "        assert found == expected\n\n\n"
+                "def test_render():\n    check('a', 'A!')\n")
+    assert values(skipping, "test_render") == []
 
 
 def test_flips_and_exceptions():

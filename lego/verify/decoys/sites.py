@@ -82,6 +82,14 @@ class SiteFinder:
         for node in self.own:
             if isinstance(node, ast.For):
                 self.for_table(node)
+        constants = frozenset(name for name, values in self.assigned.items() if self.bound[name] == 1
+                              and name not in self.arguments and len(values) == 1 and is_literal(values[0])
+                              and not isinstance(values[0], ast.List | ast.Dict | ast.Set))  # immutable
+        constants |= self.stable_loop_names(constants)
+        tables = self.loop_tables()
+        self.stable = lambda node: stable_expression(node, self.facts, constants)
+        # As many items under every patch: a stable value, or a table the test writes out and only loops over.
+        self.counted = lambda node: self.stable(node) or (isinstance(node, ast.Name) and node.id in tables)
 
     def shaped(self, node: ast.AST) -> bool:
         return expectation_shaped(node, self.imported)
@@ -254,14 +262,6 @@ class SiteFinder:
     def visit(self) -> list[Site]:
         names, sides = self.carriers()
         local = frozenset(name for name in self.bound if self.bound[name]) | frozenset(self.arguments)
-        constants = frozenset(name for name, values in self.assigned.items() if self.bound[name] == 1
-                              and name not in self.arguments and len(values) == 1 and is_literal(values[0])
-                              and not isinstance(values[0], ast.List | ast.Dict | ast.Set))  # immutable
-        constants |= self.stable_loop_names(constants)
-        tables = self.loop_tables()
-        self.stable = lambda node: stable_expression(node, self.facts, constants)
-        # As many items under every patch: a stable value, or a table the test writes out and only loops over.
-        self.counted = lambda node: self.stable(node) or (isinstance(node, ast.Name) and node.id in tables)
         names = self.checked_unconditionally(names, sides)
         for side in sides:
             self.add_values(side)
@@ -456,9 +456,12 @@ class SiteFinder:
             self.sites.append(Site(node.args[0], "exception"))
 
 
-def checking_helpers(module: ast.Module, owner: ast.ClassDef | None) -> dict[str, dict[int | str, bool]]:
+def checking_helpers(module: ast.Module, owner: ast.ClassDef | None,
+                     facts: ModuleFacts | None = None) -> dict[str, dict[int | str, bool]]:
     """Functions of the module (and methods of the test's class) that compare a parameter for equality in an
-    assert or an equality call: a literal passed there by a test is an expectation, checked inside the helper."""
+    assert or an equality call that every call makes (not `conditional` in the helper): a literal passed there by
+    a test is an expectation, checked inside the helper."""
+    facts = facts or ModuleFacts()
     candidates: list[tuple[ast.FunctionDef, bool]] = [
         (node, False) for node in module.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("test")]
     if owner is not None:
@@ -470,7 +473,10 @@ def checking_helpers(module: ast.Module, owner: ast.ClassDef | None) -> dict[str
         if is_method and params:
             params = params[1:]
         compared: set[str] = set()
+        reach = SiteFinder(function, facts=facts)
         for node in ast.walk(function):
+            if reach.conditional(node):
+                continue
             pairs: list[tuple[ast.AST, ast.AST]] = []
             if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1 \
                     and isinstance(node.test.ops[0], ast.Eq):
@@ -499,10 +505,11 @@ def locate_sites(module: ast.Module, ref: NodeId, known: list[str] | None = None
     owner = next((node for node in module.body if isinstance(node, ast.ClassDef) and node.name == ref.owner), None)
     known = known if known is not None else ([ref.path + "::" + (f"{ref.owner}::" if ref.owner else "") + ref.name
                                                + ref.params] if ref.params else [])
-    helpers = {**checking_helpers(module, owner), **checking_helpers(ast.Module(body=function.body, type_ignores=[]),
-                                                                     None)}  # functions the test defines too
+    facts = ModuleFacts.of(module)
+    helpers = {**checking_helpers(module, owner, facts),
+               **checking_helpers(ast.Module(body=function.body, type_ignores=[]), None, facts)}  # the test's own
     finder = SiteFinder(function, helpers, param_table(module, function, known),
-                        imported=imported_names(module), facts=ModuleFacts.of(module))
+                        imported=imported_names(module), facts=facts)
     sites = finder.visit()
     index = {id(node): position for position, node in enumerate(ast.walk(function))}
     # Value sites first (they give k decoys), then exception swaps, singletons and orders, then flips (one decoy
