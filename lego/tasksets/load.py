@@ -351,6 +351,11 @@ def _rows_for(source: str, split: str | None) -> tuple[Iterator[tuple[int, Any]]
     """The rows of a source, the directory relative paths are resolved against, and what to call it."""
     if source == "bundled":
         return _jsonl_rows(BUNDLED_TASKS), BUNDLED_DIR, str(BUNDLED_TASKS)
+    if source.startswith("family:"):
+        from lego.tasksets.family import family_dir, parse_family_source  # it imports this module
+
+        out = family_dir(*parse_family_source(source))
+        return _jsonl_rows(out / "tasks.jsonl"), out, source
     path = Path(source).expanduser()
     if path.is_file():
         if path.suffix in (".jsonl", ".json", ".ndjson"):
@@ -381,7 +386,8 @@ def load_tasks(source: str | Path = "bundled", split: str | None = None, strict:
                limit: int | None = None) -> TaskLoad:
     """Load and validate a task set.
 
-    source: "bundled", a .jsonl/.json/.parquet file, a `datasets` save_to_disk directory, a Harbor task
+    source: "bundled", a generated task family (`family:constants[:SEED]`, lego/tasksets/family.py), a
+    .jsonl/.json/.parquet file, a `datasets` save_to_disk directory, a Harbor task
     directory (or a directory of them), or a Hugging Face hub dataset name.
     split: keep only tasks of this split ("train", "eval", ...); None or "all" keeps every task.
     strict: raise TaskSetError listing every malformed row instead of skipping them.

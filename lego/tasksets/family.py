@@ -1,0 +1,287 @@
+"""Procedurally generated task families: many small SWE-style tasks that share one skill, for measuring
+generalization rather than memorization (issue 33).
+
+A family task's fix depends on what its problem statement says: which file, which function and which value. The
+held-out split shares the family's skill but not its surface, so a policy that ignores the statement (or that
+memorized the training tasks) cannot pass it.
+
+`family:constants` is a tiny Python package `appconf` of modules of small functions that return or use an integer
+constant. Each task plants one wrong constant in one function; the statement names the module, the function and
+the right value (phrased from a few templates); the gold patch fixes that one line; the hidden test file
+(tests/test_fix.py, the test_patch) checks it (FAIL_TO_PASS) and pins two other functions of the module
+(PASS_TO_PASS, with the module's visible tests and another module's). The split:
+- train tasks live in the train modules, held-out ("eval") tasks in other modules that only the held-out tasks'
+  repository has: disjoint files, (module, function) pairs and function names;
+- every function has its own value, so the held-out fixes' values are disjoint from the training ones.
+The whole family is one git repository: a pristine commit with the train modules, one on top adding the held-out
+modules, and one commit per task planting its bug; fixed dates make the hashes the same on every machine.
+
+Loaded by `lego.tasksets.load.load_tasks("family:constants")` (or "family:constants:SEED"); built once into the
+machine cache under a key of (name, seed, sizes, this file's source), so loading again is instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from lego.cache import cache_dir
+from lego.tasksets.gitutil import bundle, commit_all, diff, git, init_repo
+from lego.tasksets.load import TaskSetError, load_tasks
+from lego.tasksets.task import Task
+
+TRAIN_SPLIT = "train"
+HELD_OUT_SPLIT = "eval"  # the split name the configs use for held-out tasks (tasks.eval_split, eval.splits)
+PACKAGE = "appconf"
+FIX_TEST_FILE = "tests/test_fix.py"
+FUNCTIONS_PER_MODULE = 8
+PRISTINE_DATE = "2024-01-01T00:00:00+00:00"
+HELD_OUT_DATE = "2024-01-01T12:00:00+00:00"
+BUG_DATE = "2024-01-02T00:00:00+00:00"
+REPOS_SUBDIR = "repos"
+
+_MODULES = ("billing", "network", "storage", "render", "audio", "cache", "auth", "search", "upload", "queue",
+            "mailer", "report", "scheduler", "metrics", "gateway", "ledger", "inventory", "profile", "session",
+            "thumbnail", "export", "backup", "checkout", "pricing")
+_QUALIFIERS = ("default", "max", "min", "base", "initial", "fallback", "target", "peak", "idle", "spare", "grace",
+               "burst")
+_NOUNS = ("timeout", "retries", "port", "width", "height", "batch", "depth", "ratio", "limit", "threshold",
+          "interval", "workers", "buffer", "quota", "window", "delay")
+# What a function does with its constant: (signature, body, what the statement says it should do, test call).
+_KINDS = {
+    "returns": ("()", "return {v}", "return {v}", "{fn}()", "{v}"),
+    "scales": ("(count)", "return count * {v}", "multiply `count` by {v}", "{fn}(3)", "3 * {v}"),
+    "caps": ("(value)", "return min(value, {v})", "cap `value` at {v}", "{fn}(10**6)", "{v}"),
+    "offsets": ("(value)", "return value + {v}", "add {v} to `value`", "{fn}(5)", "5 + {v}"),
+}
+_STATEMENTS = (
+    "`{fn}` in `{path}` is wrong: it should {behavior}.\n",
+    "In the `{module}` module (`{path}`), the function `{fn}` does not do what it should. It should {behavior}, "
+    "as documented.\n",
+    "Bug: `{pkg}.{module}.{fn}` uses the wrong constant. Expected: it should {behavior}. Please fix it in "
+    "`{path}` without changing the other functions.\n",
+    "Please fix `{path}`: `{fn}` must {behavior}; right now it uses a different number.\n",
+)
+
+
+class FamilyFunction(BaseModel):
+    """One function of the generated package: its module, name, kind and right value."""
+
+    model_config = ConfigDict(frozen=True)
+
+    module: str
+    name: str
+    kind: str
+    value: int
+
+
+class FamilyPlan(BaseModel):
+    """What a seed draws: the modules of each split, every function, and the tasks (target, wrong value)."""
+
+    train_modules: list[str]
+    held_out_modules: list[str]
+    functions: list[FamilyFunction]
+    tasks: list[tuple[str, FamilyFunction, int, int]]  # (split, target, wrong value, statement template)
+
+
+def _plan(seed: int, train: int, held_out: int) -> FamilyPlan:
+    """Draw the family's surface for a seed; every choice comes from one seeded generator, in a fixed order."""
+    rng = random.Random(f"family:constants:{seed}")
+    n_train, n_held = math.ceil(train / FUNCTIONS_PER_MODULE), math.ceil(held_out / FUNCTIONS_PER_MODULE)
+    names = [f"{q}_{n}" for q in _QUALIFIERS for n in _NOUNS]
+    n_functions = (n_train + n_held) * FUNCTIONS_PER_MODULE
+    if n_train + n_held > len(_MODULES) or n_functions > len(names):
+        most = len(_MODULES) * FUNCTIONS_PER_MODULE
+        raise TaskSetError(f"family:constants has at most {most} tasks in all (asked for {train} training and "
+                           f"{held_out} held-out); ask for fewer")
+    modules = rng.sample(_MODULES, n_train + n_held)
+    names = rng.sample(names, n_functions)
+    values = rng.sample(range(2, 1000), n_functions)
+    kinds = sorted(_KINDS)
+    functions = [FamilyFunction(module=modules[i // FUNCTIONS_PER_MODULE], name=names[i], kind=rng.choice(kinds),
+                                value=values[i]) for i in range(n_functions)]
+    tasks = []
+    for split, pool, count in ((TRAIN_SPLIT, modules[:n_train], train), (HELD_OUT_SPLIT, modules[n_train:], held_out)):
+        for target in rng.sample([f for f in functions if f.module in pool], count):
+            wrong = rng.choice([v for v in range(2, 1000) if v != target.value])
+            tasks.append((split, target, wrong, rng.randrange(len(_STATEMENTS))))
+    return FamilyPlan(train_modules=modules[:n_train], held_out_modules=modules[n_train:], functions=functions,
+                      tasks=tasks)
+
+
+# ---------------------------------------------------------------- the repository's files
+
+
+def _module_source(module: str, functions: list[FamilyFunction], wrong: dict[str, int] | None = None) -> str:
+    lines = [f'"""Settings of the {module} component."""', ""]
+    for function in functions:
+        signature, body = _KINDS[function.kind][:2]
+        value = (wrong or {}).get(function.name, function.value)
+        words = function.name.replace("_", " ")
+        lines += ["", f"def {function.name}{signature}:", f'    """The {words} of {module}."""',
+                  f"    {body.format(v=value)}", ""]
+    return "\n".join(lines)
+
+
+def _call(function: FamilyFunction, small: bool = False) -> str:
+    call = _KINDS[function.kind][3].format(fn=function.name)
+    return call.replace("(10**6)", "(3)").replace("(5)", "(3)") if small else call
+
+
+def _visible_tests(module: str, functions: list[FamilyFunction]) -> str:
+    """The module's own tests: they check what every function returns is a positive int, not which one."""
+    calls = [f"{module}.{_call(f, small=True)}" for f in functions]
+    return "\n".join([f"from {PACKAGE} import {module}", "", "",
+                      f"def test_{module}_settings_are_integers():",
+                      *(f"    assert isinstance({c}, int)" for c in calls), "", "",
+                      f"def test_{module}_settings_are_positive():",
+                      *(f"    assert {c} > 0" for c in calls), ""])
+
+
+def _pin(function: FamilyFunction) -> list[str]:
+    expected = _KINDS[function.kind][4].format(v=function.value)
+    return [f"def test_{function.name}():", f"    assert {function.module}.{_call(function)} == {expected}", "", ""]
+
+
+def _write_modules(repo: Path, plan: FamilyPlan, modules: list[str]) -> None:
+    for module in modules:
+        functions = [f for f in plan.functions if f.module == module]
+        (repo / PACKAGE / f"{module}.py").write_text(_module_source(module, functions))
+        (repo / "tests" / f"test_{module}.py").write_text(_visible_tests(module, functions))
+
+
+def _pristine(repo: Path, plan: FamilyPlan) -> tuple[str, str]:
+    """The two pristine commits: the train modules, then the held-out modules added on top."""
+    init_repo(repo)
+    (repo / PACKAGE).mkdir()
+    (repo / "tests").mkdir()
+    (repo / PACKAGE / "__init__.py").write_text(f'"""{PACKAGE}: the settings of a small application."""\n')
+    (repo / "README.md").write_text(f"# {PACKAGE}\n\nSettings of a small application, one module per component.\n"
+                                    "Run the tests with `python -m pytest`.\n")
+    _write_modules(repo, plan, plan.train_modules)
+    train_commit = commit_all(repo, "Add the application settings", PRISTINE_DATE)
+    _write_modules(repo, plan, plan.held_out_modules)
+    return train_commit, commit_all(repo, "Add more components", HELD_OUT_DATE)
+
+
+def _fix_tests(target: FamilyFunction, neighbours: list[FamilyFunction]) -> str:
+    """The hidden test file: the target's value (FAIL_TO_PASS), then two neighbours' values (PASS_TO_PASS)."""
+    lines = [f"from {PACKAGE} import {target.module}", "", ""]
+    for function in [target, *neighbours]:
+        lines += _pin(function)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# ---------------------------------------------------------------- the tasks
+
+
+def _statement(target: FamilyFunction, template: int) -> str:
+    behavior = _KINDS[target.kind][2].format(v=target.value)
+    return _STATEMENTS[template].format(fn=target.name, module=target.module, pkg=PACKAGE, behavior=behavior,
+                                        path=f"{PACKAGE}/{target.module}.py")
+
+
+def _task_row(repo: Path, plan: FamilyPlan, index: int, parents: dict[str, str], seed: int) -> dict:
+    """Commit one task's bug on its own branch and return its row (the bundle path relative to tasks.jsonl)."""
+    split, target, wrong, template = plan.tasks[index]
+    functions = [f for f in plan.functions if f.module == target.module]
+    module_file = f"{PACKAGE}/{target.module}.py"
+    git(repo, "checkout", "-q", "-B", f"task-{index:03d}", parents[split])
+    (repo / module_file).write_text(_module_source(target.module, functions, {target.name: wrong}))
+    base_commit = commit_all(repo, "Update settings", BUG_DATE)
+    neighbours = [f for f in functions if f.name != target.name][:2]
+    (repo / FIX_TEST_FILE).write_text(_fix_tests(target, neighbours))
+    test_patch = diff(repo, [FIX_TEST_FILE])
+    git(repo, "reset", "-q", "--", FIX_TEST_FILE)
+    (repo / FIX_TEST_FILE).unlink()
+    (repo / module_file).write_text(_module_source(target.module, functions))
+    patch = diff(repo, [module_file])
+    git(repo, "checkout", "-q", "--", module_file)
+    pool = plan.train_modules if split == TRAIN_SPLIT else plan.held_out_modules
+    other = pool[(pool.index(target.module) + 1) % len(pool)] if len(pool) > 1 else target.module
+    visible = [f"tests/test_{target.module}.py::test_{target.module}_settings_are_{what}"
+               for what in ("integers", "positive")]
+    pass_to_pass = sorted({*(f"{FIX_TEST_FILE}::test_{f.name}" for f in neighbours), *visible,
+                           f"tests/test_{other}.py::test_{other}_settings_are_integers"})
+    return Task(
+        instance_id=f"lego-family__constants-s{seed}-{index:03d}", repo=f"lego-family/constants-s{seed}",
+        base_commit=base_commit, problem_statement=_statement(target, template), patch=patch,
+        test_patch=test_patch, FAIL_TO_PASS=[f"{FIX_TEST_FILE}::test_{target.name}"], PASS_TO_PASS=pass_to_pass,
+        environment_setup_commit=base_commit, created_at=BUG_DATE, split=split, difficulty="easy",
+        environment={"kind": "bundle", "bundle": f"{REPOS_SUBDIR}/constants.bundle", "workdir": "/repo"},
+        provenance={"source": "family", "family": "constants", "seed": seed, "module": target.module,
+                    "function": target.name, "value": target.value, "wrong_value": wrong,
+                    "fixed_files": [module_file], "test_files": [FIX_TEST_FILE]},
+    ).model_dump(mode="json", exclude_none=True)
+
+
+def _build_constants(out: Path, seed: int, train: int, held_out: int) -> None:
+    """Write <out>/tasks.jsonl and <out>/repos/constants.bundle."""
+    plan = _plan(seed, train, held_out)
+    with tempfile.TemporaryDirectory(prefix="lego-family-") as tmp:
+        repo = Path(tmp) / "constants"
+        train_commit, held_out_commit = _pristine(repo, plan)
+        parents = {TRAIN_SPLIT: train_commit, HELD_OUT_SPLIT: held_out_commit}
+        rows = [_task_row(repo, plan, index, parents, seed) for index in range(len(plan.tasks))]
+        git(repo, "checkout", "-q", "main")
+        bundle(repo, out / REPOS_SUBDIR / "constants.bundle")
+    (out / "tasks.jsonl").write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+
+
+FAMILIES = {"constants": _build_constants}
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def parse_family_source(source: str) -> tuple[str, int]:
+    """`family:<name>[:<seed>]` -> (name, seed); the seed defaults to 0."""
+    name, _, seed = source.removeprefix("family:").partition(":")
+    if name not in FAMILIES:
+        raise TaskSetError(f"unknown task family {name!r} in {source!r}; the known families are "
+                           f"{', '.join(f'family:{known}' for known in FAMILIES)} (optionally with a seed: "
+                           "family:constants:1)")
+    if seed and not seed.lstrip("-").isdigit():
+        raise TaskSetError(f"task family source {source!r}: the seed after the name must be an integer "
+                           "(family:constants:1)")
+    return name, int(seed or 0)
+
+
+def family_dir(name: str, seed: int = 0, train: int = 64, held_out: int = 32, root: Path | None = None) -> Path:
+    """The directory holding the family's tasks.jsonl and bundle, built on first use; `root` defaults to the
+    machine cache, where it is keyed by (name, seed, sizes, this generator's source), so a changed generator
+    never serves stale tasks."""
+    if name not in FAMILIES:
+        parse_family_source(f"family:{name}")  # raises, naming the known families
+    if train < 1 or held_out < 1:
+        raise TaskSetError(f"task family {name}: train ({train}) and held_out ({held_out}) must be at least 1")
+    source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    parent = root or cache_dir("tasksets", "family")
+    out = parent / f"{name}-s{seed}-t{train}-h{held_out}-{source}"
+    if (out / "tasks.jsonl").is_file():
+        return out
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        FAMILIES[name](staging, seed, train, held_out)
+        try:
+            os.rename(staging, out)  # atomic: a concurrent builder's equal copy may have won
+        except OSError:
+            if not (out / "tasks.jsonl").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def family_tasks(name: str, seed: int, train: int = 64, held_out: int = 32, root: Path | None = None) -> list[Task]:
+    """Every task of the family (both splits; `Task.split` is "train" or "eval"), loaded strictly."""
+    return load_tasks(str(family_dir(name, seed, train, held_out, root) / "tasks.jsonl"), strict=True).tasks
