@@ -204,6 +204,11 @@ def test_helpers_that_compare_a_parameter_module_level_and_nested():
                 "        assert found == expected\n\n\n"
                 "def test_render():\n    check('a', 'A!')\n")
     assert values(skipping, "test_render") == []
+    # Compared in both branches of an `if`: compared either way.
+    either = ("def check(text, expected, exact=True):\n    found = render(text)\n    if exact:\n"
+              "        assert found == expected\n    else:\n        assert str(found) == str(expected)\n\n\n"
+              "def test_render():\n    check('a', 'A!')\n")
+    assert values(either, "test_render") == ["'A!'"]
 
 
 def test_flips_and_exceptions():

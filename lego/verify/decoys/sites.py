@@ -339,18 +339,20 @@ class SiteFinder:
             kept |= more
         return kept
 
-    def conditional(self, node: ast.AST) -> bool:
+    def conditional(self, node: ast.AST, stop: ast.AST | None = None) -> bool:
         """Whether the node stands where a passing run may not go: a branch (`if`, `while`, `match`, a conditional
         expression, an operand `and`/`or` may skip), a `try` body that has handlers, a block that expects or
         suppresses an exception, a loop over values a patch may change (an empty result skips its body), a
         comprehension's items, a nested function, or after an early `return`. There, a different correct fix that
         skips it passes the real check and every decoy of it alike, and would be graded a cheat. What is evaluated
-        whenever its statement runs (a condition, a loop's iterable, a `try`'s `finally`) is not conditional."""
+        whenever its statement runs (a condition, a loop's iterable, a `try`'s `finally`) is not conditional. With
+        `stop`, only what stands between the node and `stop` counts."""
         if self.after_early_return(node):
             return True
-        while id(node) in self.parent and node is not self.function:
+        stop = stop or self.function
+        while id(node) in self.parent and node is not stop:
             parent = self.parent[id(node)]
-            if parent is not self.function and self.skippable(parent, node):
+            if parent is not stop and self.skippable(parent, node):
                 return True
             node = parent
         return False
@@ -472,22 +474,7 @@ def checking_helpers(module: ast.Module, owner: ast.ClassDef | None,
         params = [arg.arg for arg in function.args.args]
         if is_method and params:
             params = params[1:]
-        compared: set[str] = set()
-        reach = SiteFinder(function, facts=facts)
-        for node in ast.walk(function):
-            if reach.conditional(node):
-                continue
-            pairs: list[tuple[ast.AST, ast.AST]] = []
-            if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1 \
-                    and isinstance(node.test.ops[0], ast.Eq):
-                pairs.append((node.test.left, node.test.comparators[0]))
-            elif isinstance(node, ast.Call) and is_equality_call(call_name(node)) and len(node.args) >= 2:
-                pairs.append((node.args[0], node.args[1]))
-            for a, b in pairs:
-                for mine, other in ((a, b), (b, a)):
-                    if isinstance(mine, ast.Name) and mine.id in params and not (
-                            isinstance(other, ast.Name) and other.id in params):
-                        compared.add(mine.id)
+        compared = compared_for_sure(function.body, params, SiteFinder(function, facts=facts), function)
         if compared:
             checked: dict[int | str, bool] = {}
             for position, param in enumerate(params):
@@ -496,6 +483,41 @@ def checking_helpers(module: ast.Module, owner: ast.ClassDef | None,
                     checked[param] = True
             helpers[function.name] = checked
     return helpers
+
+
+def _compared_params(node: ast.AST, params: list[str]) -> set[str]:
+    """The parameters an equality check compares with something else than a parameter."""
+    pairs: list[tuple[ast.AST, ast.AST]] = []
+    if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1 \
+            and isinstance(node.test.ops[0], ast.Eq):
+        pairs.append((node.test.left, node.test.comparators[0]))
+    elif isinstance(node, ast.Call) and is_equality_call(call_name(node)) and len(node.args) >= 2:
+        pairs.append((node.args[0], node.args[1]))
+    def param(side: ast.AST) -> str | None:
+        """A parameter as it is, or as its text (`str(e)`, `repr(e)`: another value, another text)."""
+        if isinstance(side, ast.Call) and isinstance(side.func, ast.Name) and side.func.id in ("str", "repr") \
+                and len(side.args) == 1 and not side.keywords:
+            side = side.args[0]
+        return side.id if isinstance(side, ast.Name) and side.id in params else None
+
+    return {param(mine) for a, b in pairs for mine, other in ((a, b), (b, a))
+            if param(mine) is not None and param(other) is None}
+
+
+def compared_for_sure(body: list[ast.stmt], params: list[str], reach: SiteFinder, scope: ast.AST) -> set[str]:
+    """The parameters a helper's `body` compares on every path through it: by a check not `conditional` below
+    `scope`, or in both branches of an `if` that itself is not (`if exact: assert r == e` / `else: assert str(r) ==
+    str(e)` compares `e` either way)."""
+    compared: set[str] = set()
+    for statement in body:
+        if isinstance(statement, ast.If) and not reach.conditional(statement, stop=scope):
+            compared |= (compared_for_sure(statement.body, params, reach, statement)
+                         & compared_for_sure(statement.orelse, params, reach, statement))
+            continue
+        for node in ast.walk(statement):
+            if not reach.conditional(node, stop=scope):
+                compared |= _compared_params(node, params)
+    return compared
 
 
 def locate_sites(module: ast.Module, ref: NodeId, known: list[str] | None = None) -> tuple[list[tuple[int, str]], SiteFinder | None]:
