@@ -35,8 +35,7 @@ from pydantic import BaseModel, ConfigDict
 
 from lego.cache import cache_dir
 from lego.tasksets.gitutil import bundle, commit_all, diff, git, init_repo
-from lego.tasksets.load import TaskSetError, load_tasks
-from lego.tasksets.task import Task
+from lego.tasksets.task import Task, TaskSetError
 
 TRAIN_SPLIT = "train"
 HELD_OUT_SPLIT = "eval"  # the split name the configs use for held-out tasks (tasks.eval_split, eval.splits)
@@ -283,5 +282,12 @@ def family_dir(name: str, seed: int = 0, train: int = 64, held_out: int = 32, ro
 
 
 def family_tasks(name: str, seed: int, train: int = 64, held_out: int = 32, root: Path | None = None) -> list[Task]:
-    """Every task of the family (both splits; `Task.split` is "train" or "eval"), loaded strictly."""
-    return load_tasks(str(family_dir(name, seed, train, held_out, root) / "tasks.jsonl"), strict=True).tasks
+    """Every task of the family (both splits; `Task.split` is "train" or "eval"), its bundle paths absolute. The
+    rows are the generator's own, so they are read as they are (`load_tasks("family:...")` validates them too)."""
+    out = family_dir(name, seed, train, held_out, root)
+    tasks = []
+    for line in (out / "tasks.jsonl").read_text().splitlines():
+        task = Task.model_validate_json(line)
+        environment = task.environment.model_copy(update={"bundle": str(out / task.environment.bundle)})
+        tasks.append(task.model_copy(update={"environment": environment}))
+    return tasks

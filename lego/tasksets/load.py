@@ -25,9 +25,8 @@ from urllib.parse import urlparse
 
 from pydantic import ValidationError
 
-from lego.errors import LegoError
 from lego.tasksets.environment import load_environments_file, with_requirements
-from lego.tasksets.task import NO_FAIL_TO_PASS_WHY, NoFailToPass, Task
+from lego.tasksets.task import NO_FAIL_TO_PASS_WHY, NoFailToPass, Task, TaskSetError
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 BUNDLED_TASKS = BUNDLED_DIR / "tasks.jsonl"
@@ -35,10 +34,6 @@ HARBOR_REWARD_FILE = "/logs/verifier/reward.txt"
 _MAX_LISTED_ERRORS = 20
 # Environment fields that name a file or directory of the task set.
 _ENVIRONMENT_PATHS = ("bundle", "dockerfile_dir")
-
-
-class TaskSetError(LegoError):
-    """A task set could not be loaded, or (strict mode) some of its rows are malformed."""
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,10 @@ def has_harbor_environment(task: Task) -> bool:
     return harbor_recipe(task) is not None
 
 
+class TaskSetError(LegoError):
+    """A task set could not be loaded, or (strict mode) some of its rows are malformed."""
+
+
 class UnsupportedTestCommand(LegoError):
     """The task's test_command is not a pytest invocation, which is what the grading runner runs."""
 
