@@ -49,6 +49,9 @@ def _load(config: str, overrides: list[str] | None):
 @app.command()
 def setup(config: ConfigOption = "default", overrides: Overrides = None) -> None:
     """Prepare a machine: Docker engine, sandbox base image, Qwen3 tokenizer, tiny policy checkpoint."""
+    from lego_cli.run_output import quiet_libraries
+
+    quiet_libraries()  # one line per step, no third-party bars
     from lego.engine.checkpoint import default_model_path, init_tiny_model
     from lego.engine.tokenizer import ensure_tokenizer
     from lego.sandbox.daemon import docker_engine

@@ -31,6 +31,13 @@ QUIET_LIBRARIES = {
 }
 
 
+def quiet_libraries() -> None:
+    """Third-party progress bars and advisories off, for this process and its children (before those libraries
+    are imported: they read the switches once)."""
+    for name, value in QUIET_LIBRARIES.items():
+        os.environ.setdefault(name, value)
+
+
 def plain(text: str) -> str:
     """`text` as a log file should hold it: escapes dropped, a carriage return made a line end."""
     text = ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
@@ -149,8 +156,7 @@ def run_output(log_path: Path, stage_logger: str) -> Iterator[RunOutput]:
     """Send this process's stdout and stderr (Python's streams and file descriptors 1 and 2, so child processes
     too) to `log_path`, the lines of `stage_logger` to the terminal and the log; undone on exit. Call it before
     Prefect or MLflow is imported: their log handlers keep the stream they find at set-up."""
-    for name, value in QUIET_LIBRARIES.items():
-        os.environ.setdefault(name, value)
+    quiet_libraries()
     sys.stdout.flush()
     sys.stderr.flush()
     log = PlainLog(log_path)
