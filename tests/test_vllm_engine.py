@@ -171,6 +171,93 @@ def test_scoring_and_the_scripted_engine_over_vllm_match_transformers(vllm_engin
     np.testing.assert_allclose(result.logprobs, scored, atol=1e-5, rtol=0)
 
 
+def perturb(model_path, out, only: str = "", seed: int = 1):
+    """`model_path` with seeded noise added to its weights (those whose name has `only` in it), saved in `out`."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(model_path, out)  # the tokenizer and config
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    perturbed = []
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if only in name:
+                parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
+                perturbed.append(name)
+    assert perturbed, f"no weight is named like {only!r}"
+    model.save_pretrained(out)
+    return out
+
+
+def reference_scores(path, ids: list[int]):
+    """The transformers engine's log-probs and routing of `ids` on the checkpoint at `path`, in float32."""
+    from lego.engine.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(path, dtype="float32", max_batch_size=4, batch_wait_ms=2.0)
+    try:
+        return run(engine.score_with_routing(ids))
+    finally:
+        engine.close()
+
+
+def test_new_weights_load_in_place_and_score_as_transformers_does(vllm_engine, model_path, tmp_path):
+    """load_checkpoint swaps the weights inside the running worker (same process), experts included (vLLM's CPU
+    prepack of expert weights is rerun), and the engine then scores as the transformers engine on them."""
+    ids = PROMPT + run(vllm_engine.generate(PROMPT, SamplingParams(max_tokens=8, seed=6))).token_ids
+    pid = vllm_engine._process.pid
+    before = run(vllm_engine.score(ids))
+    vllm_engine.load_checkpoint(model_path, 0)  # the same weights again: nothing moves
+    assert run(vllm_engine.score(ids)) == before and vllm_engine.last_load_s < 30
+    try:
+        for only, version in ((".experts.", 1), ("", 2)):  # the experts alone, then every weight
+            path = perturb(model_path, tmp_path / f"perturbed-{version}", only)
+            vllm_engine.load_checkpoint(path, version)
+            assert vllm_engine.policy_version == version and vllm_engine._process.pid == pid  # in place
+            logprobs, routing = run(vllm_engine.score_with_routing(ids))
+            expected, expected_routing = reference_scores(path, ids)
+            np.testing.assert_allclose(logprobs, expected, atol=1e-5, rtol=0)
+            np.testing.assert_array_equal(np.sort(routing, -1), np.sort(expected_routing, -1))
+            assert np.abs(np.subtract(logprobs, before)).max() > 1e-3  # the new weights took effect
+    finally:
+        vllm_engine.load_checkpoint(model_path, 0)  # the module's other tests run on the original weights
+    assert run(vllm_engine.score(ids)) == before and vllm_engine._process.pid == pid
+
+
+def test_a_checkpoint_of_another_architecture_restarts_the_worker_saying_why(vllm_engine, model_path, tmp_path,
+                                                                             caplog, monkeypatch):
+    """The worker refuses a checkpoint of other shapes before it touches a weight, and load_checkpoint then
+    restarts it on the checkpoint, logging the worker's reason."""
+    import json
+    import logging
+    import shutil
+
+    from lego.engine.vllm_engine import _InPlaceLoadError
+
+    other = tmp_path / "other"
+    shutil.copytree(model_path, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "hidden_size": 2 * config["hidden_size"]}))
+    before = run(vllm_engine.score(PROMPT))
+    with pytest.raises(_InPlaceLoadError, match=r"ArchitectureMismatchError: .*hidden_size.*restart the engine"):
+        vllm_engine._load_in_place(other)
+    assert run(vllm_engine.score(PROMPT)) == before  # the running model is untouched
+
+    # The restart, shown on the module's own checkpoint (the worker refusing as it refused `other`): a restart on
+    # `other` would take a second one to come back.
+    pid, load_in_place = vllm_engine._process.pid, vllm_engine._load_in_place
+    monkeypatch.setattr(vllm_engine, "_load_in_place", lambda path: load_in_place(other))
+    with caplog.at_level(logging.WARNING, logger="lego.engine.vllm_engine"):
+        vllm_engine.load_checkpoint(model_path, 3)
+    assert "could not load the weights in place" in caplog.text and "hidden_size" in caplog.text
+    assert vllm_engine._process.pid != pid and vllm_engine.policy_version == 3
+    monkeypatch.undo()
+    vllm_engine.load_checkpoint(model_path, 0)
+    assert run(vllm_engine.score(PROMPT)) == before
+
+
 def test_the_proxy_serves_the_openai_client_from_vllm_streamed_and_not(vllm_engine, tokenizer):
     engine = RecordingEngine(vllm_engine)
     proxy = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=10))

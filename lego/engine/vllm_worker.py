@@ -5,12 +5,13 @@ repository on PYTHONPATH; it imports only the standard library and vLLM (never t
 dependencies that environment lacks). It connects to the socket its parent listens on and speaks JSON lines:
 
   parent -> worker  {"op": "generate", "id", "prompt_ids", "sampling": {...}} | {"op": "score", "id", "token_ids"}
-                    {"op": "abort", "id"} | {"op": "shutdown"}
+                    {"op": "load_weights", "id", "path"} | {"op": "abort", "id"} | {"op": "shutdown"}
   worker -> parent  {"op": "ready"}                                      once the model is loaded
                     {"id", "token_ids", "logprobs"}                      tokens sampled since the last message
                     {"id", "done": true, "finish_reason", "stop_reason"}  a generation's end (with
                                                                           "routed_experts" where vLLM reports them)
                     {"id", "done": true, "logprobs"}                      a score's answer
+                    {"id", "done": true, "seconds"}                       the new weights are in place
                     {"id", "error"}                                       a request that failed
 
 One process: vLLM's `LLMEngine` runs in-process (no engine-core or executor processes, each of which would import
@@ -18,6 +19,9 @@ vLLM again: a minute on a busy 2-core machine), and this loop steps it while it 
 between steps. Token ids go in as `TokensPrompt` and come back as ids: nothing is re-tokenized. Each sampled
 token's log-prob is vLLM's `raw_logprobs` (log softmax of the unscaled, temperature-1 logits), as the transformers
 engine reports. JSON carries floats at full precision (repr round-trips), so log-probs arrive bit for bit.
+
+`load_weights` swaps a checkpoint of the same architecture into the running model between two engine steps
+(`reload_weights`), instead of a restart that imports vLLM again; see `reload_weights` below.
 """
 
 from __future__ import annotations
@@ -29,9 +33,19 @@ import os
 import select
 import socket
 import sys
+import time
 from pathlib import Path
 
 CPU_KV_CACHE_BYTES = 1 << 30
+# The config keys that fix the model's parameter shapes: a checkpoint that differs in one cannot be loaded in place.
+SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "moe_intermediate_size",
+              "shared_expert_intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok", "vocab_size",
+              "tie_word_embeddings", "decoder_sparse_step", "mlp_only_layers", "attention_bias")
+
+
+class ArchitectureMismatchError(ValueError):
+    """A checkpoint whose shapes differ from the running model's: only a restart can load it."""
 
 
 def cuda_available() -> bool:
@@ -96,9 +110,53 @@ def sampling_params(sampling: dict):
     )
 
 
+def check_same_architecture(current: str, new: str) -> None:
+    """Refuse, before touching a weight, a checkpoint the running model cannot take: a reload that failed halfway
+    would leave a model of mixed weights serving."""
+    old, fresh = (json.loads((Path(path) / "config.json").read_text()) for path in (current, new))
+    changed = {key: (old.get(key), fresh.get(key)) for key in SHAPE_KEYS if old.get(key) != fresh.get(key)}
+    if changed:
+        raise ArchitectureMismatchError(f"{new} is not the running model's architecture (config {changed}, as "
+                                        "(running, new)); restart the engine on it")
+
+
+def reload_weights(engine, path: str) -> None:
+    """Load the checkpoint at `path` into `engine`'s model in place.
+
+    vLLM's layerwise `reload_weights` loads each layer in checkpoint format and reruns its post-load processing,
+    which on CPU packs each layer's weights for its kernels. Two layers miss it, and are repacked here: the fused-MoE
+    experts (a weight update skips their CPU prepack, as if the kernel's layout were in place: they would run on
+    unpacked weights), and a layer that shares its weight with another (the LM head tied to the embeddings is never
+    loaded itself: its GEMM would keep a packed copy of the old weight). Cached KV was computed by the old weights,
+    so the prefix cache is emptied."""
+    cpu = not cuda_available()
+
+    def reload(worker) -> None:
+        worker.reload_weights(weights_path=path, is_checkpoint_format=True)
+        if cpu:
+            repack_cpu_layers(worker.model_runner.model)
+
+    engine.collective_rpc(reload)
+    engine.reset_prefix_cache()
+
+
+def repack_cpu_layers(model) -> None:
+    """Rerun the CPU packing `reload_weights` leaves out (see there)."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None:
+            kernel.fused_experts.process_weights_after_loading(module)
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and weight is not None and weight.ndim == 2 and weight.numel():
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)  # a GEMM that still holds its weight
+
+
 class Worker:
-    def __init__(self, engine, connection: socket.socket, routing=None) -> None:
+    def __init__(self, engine, connection: socket.socket, routing=None, model: str = "") -> None:
         self.engine = engine
+        self.model = model  # the checkpoint the model's weights come from
         self.connection = connection
         self.routing = routing  # a lego.engine.vllm_routing.RoutingCapture, where vLLM does not report routing
         self.buffer = b""
@@ -137,6 +195,9 @@ class Worker:
                 self.forget(request_id)
                 self.engine.abort_request([request_id])
             return True
+        if op == "load_weights":
+            self.load_weights(request_id, message["path"])
+            return True
         try:
             self.add(op, request_id, message)
         except Exception as exc:  # a request vLLM refuses fails alone; the worker serves on
@@ -144,6 +205,18 @@ class Worker:
             self.forget(request_id)
             self.send({"id": request_id, "error": f"{type(exc).__name__}: {exc}"})
         return True
+
+    def load_weights(self, request_id: str, path: str) -> None:
+        """Swap the weights at `path` in between two steps; requests running go on with the new weights."""
+        started = time.perf_counter()
+        try:
+            check_same_architecture(self.model, path)
+            reload_weights(self.engine, path)
+        except Exception as exc:  # the parent restarts the worker on the checkpoint instead
+            self.send({"id": request_id, "error": f"{type(exc).__name__}: {exc}"})
+            return
+        self.model = path
+        self.send({"id": request_id, "done": True, "seconds": time.perf_counter() - started})
 
     def add(self, op: str, request_id: str, message: dict) -> None:
         from vllm import SamplingParams, TokensPrompt
@@ -245,7 +318,7 @@ def main(options: argparse.Namespace) -> None:
         routing = install(engine, *shape)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(options.socket)
-    worker = Worker(engine, connection, routing)
+    worker = Worker(engine, connection, routing, options.model)
     worker.send({"op": "ready"})
     try:
         worker.serve()
