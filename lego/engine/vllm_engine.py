@@ -15,11 +15,11 @@
 - Stop strings: vLLM detokenizes only for requests that have them and ends on the token that completes one,
   keeping that token; the matched string comes back as the stop reason.
 - `load_checkpoint` loads the new weights into the running worker (vLLM's in-place reload: 0.1 s on the test
-  model, where a restart takes 15 s and more; docs/benchmarks.md), and restarts the worker on them only where that fails (another
-  architecture), saying why in the log. Requests still running during an in-place load are not failed: the worker
-  swaps the weights between two engine steps, so their remaining tokens are sampled (and their log-probs computed)
-  by the new weights over KV the old ones computed; waiting for them first is the caller's business. A restart
-  fails them instead ("the vLLM worker exited").
+  model, where a restart takes 15 s and more; docs/benchmarks.md), and restarts the worker on them only where that
+  fails (another architecture), saying why in the log. Requests still running during an in-place load are not
+  failed: the worker swaps the weights between two engine steps, so their remaining tokens are sampled (and their
+  log-probs computed) by the new weights over KV the old ones computed; waiting for them first is the caller's
+  business. A restart fails them instead ("the vLLM worker exited").
 """
 
 from __future__ import annotations
