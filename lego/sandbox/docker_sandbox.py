@@ -290,42 +290,11 @@ class DockerSandbox:
             started_exec = ExecStream(api, exec_id)
         except (APIError, DockerException) as exc:
             raise SandboxError(f"exec in {self.name} failed: {exc}") from exc
-        chunks: list[bytes] = []
-        state = {"size": 0, "truncated": False}
-        room = limit + len(end) + 12  # the command's output, then the end line with its exit status
-
-        def drain() -> None:
-            try:
-                for chunk in started_exec.output():
-                    if state["size"] < room:
-                        keep = chunk[: room - state["size"]]
-                        chunks.append(keep)
-                        state["size"] += len(keep)
-                    if len(chunk) and state["size"] >= room:
-                        state["truncated"] = True
-            except Exception:  # the stream breaks when the container dies; reported below
-                pass
-
-        reader = threading.Thread(target=drain, daemon=True)
-        reader.start()
-        reader.join(timeout + 15)
-        hard_timeout = reader.is_alive()
-        if hard_timeout:
-            # The in-container timeout did not end it (a process escaped its group): kill what runs there. As
-            # the agent: that reaches every process the agent started, and never the keeper's (whose `sleep`
-            # holds the container up; the keeper only runs Lego's own short commands and the relay).
-            try:
-                api.exec_start(api.exec_create(self.container.id, ["sh", "-c", "kill -9 -1"],
-                                               user=AGENT_USER)["Id"])
-            except (APIError, DockerException):
-                pass
-            reader.join(5)
-        if not reader.is_alive():
-            started_exec.close()
+        # Room for the command's output, then the end line with its exit status.
+        raw, cut, hard_timeout = self._read_exec(started_exec, limit + len(end) + 12, timeout)
         duration = time.monotonic() - started
-        raw = b"".join(chunks)
         ended, raw = _without_end_line(raw, end.encode())
-        truncated = state["truncated"] or len(raw) > limit
+        truncated = cut or len(raw) > limit
         output = raw[:limit].decode("utf-8", errors="replace")
         try:
             exit_code = api.exec_inspect(exec_id).get("ExitCode")
@@ -345,6 +314,43 @@ class DockerSandbox:
             raise ExecOutputLost(f"the output of an exec in {self.name} was cut short by the engine (exit code "
                                  f"{exit_code}, {len(raw)} bytes came back): run the command again")
         return ExecResult(int(exit_code), output, timed_out=timed_out, truncated=truncated, duration_s=duration)
+
+    def _read_exec(self, stream: ExecStream, room: int, timeout: float) -> tuple[bytes, bool, bool]:
+        """(the first `room` bytes of an exec's output, whether there was more, whether it outlived `timeout` + 15 s
+        and what it left running was killed)."""
+        chunks: list[bytes] = []
+        state = {"size": 0, "truncated": False}
+
+        def drain() -> None:
+            try:
+                for chunk in stream.output():
+                    if state["size"] < room:
+                        keep = chunk[: room - state["size"]]
+                        chunks.append(keep)
+                        state["size"] += len(keep)
+                    if len(chunk) and state["size"] >= room:
+                        state["truncated"] = True
+            except Exception:  # the stream breaks when the container dies; the caller reports it
+                pass
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        reader.join(timeout + 15)
+        hard_timeout = reader.is_alive()
+        if hard_timeout:
+            # The in-container timeout did not end it (a process escaped its group): kill what runs there. As
+            # the agent: that reaches every process the agent started, and never the keeper's (whose `sleep`
+            # holds the container up; the keeper only runs Lego's own short commands and the relay).
+            try:
+                api = self.client.api
+                api.exec_start(api.exec_create(self.container.id, ["sh", "-c", "kill -9 -1"],
+                                               user=AGENT_USER)["Id"])
+            except (APIError, DockerException):
+                pass
+            reader.join(5)
+        if not reader.is_alive():
+            stream.close()
+        return b"".join(chunks), state["truncated"], hard_timeout
 
     def run_last_command(self, timeout: float) -> ExecResult:
         """Start the sandbox's last command and wait for the container to end with it (at most `timeout` seconds,
