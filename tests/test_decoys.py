@@ -447,6 +447,20 @@ def test_the_message_is_checked_inside_the_block():
             raise
 
 
+def test_the_size_of_nothing_is_a_type_error():
+    try:
+        size(None)
+    except Exception as error:
+        assert type(error).__name__ == "TypeError"
+
+
+def test_a_present_key_never_raises():
+    try:
+        assert find({"k": 4}, "k") == 4
+    except KeyError:
+        pytest.fail("a present key raised")
+
+
 class TestCalc(unittest.TestCase):
     def test_parse(self):
         self.assertEqual(parse_int("7"), parse_int("07"))
@@ -484,6 +498,7 @@ def _outcomes(tmp_path, test_source: str, implementation: str) -> dict[str, str]
 def test_every_decoy_of_the_sound_sites_fails_under_the_gold_fix_and_under_another_correct_fix(tmp_path):
     tests = [f"{PATH}::{name}" for name in ("test_words_are_rejected", "test_a_missing_key_is_none",
                                             "test_sizes_agree", "test_the_message_is_checked_inside_the_block",
+                                            "test_the_size_of_nothing_is_a_type_error", "test_a_present_key_never_raises",
                                             "TestCalc::test_parse")]
     candidates = plan_candidates(SOUND_MODULE, tests, 2, random.Random(0))
     assert all(found.available(2) == 2 for found in candidates.values())
@@ -771,6 +786,56 @@ def test_no_site_stands_where_a_correct_fix_may_not_go():
     for reached in ("9", "10", "20", "6", "43", "12", "13"):
         assert reached in shown, (reached, shown)
     for skipped in ("1", "41", "2", "3", "4", "5", "7", "8", "11"):
+        assert skipped not in shown, (skipped, shown)
+
+
+def test_a_handler_is_a_site_where_the_test_expects_its_exception():
+    """A handler every passing run enters holds sites: the test's one handler when the `try` body checks nothing and
+    binds nothing read later (a patch that raises nothing passes it only vacuously), or when the body's normal end
+    fails. A `try` body holds sites when every handler fails the test. Where the normal path is checked too, or two
+    handlers share the exception, a correct fix may take either path, and nothing there is a site."""
+    source = ("def test_paths():\n"
+              "    try:\n"
+              "        validate('x')\n"
+              "    except SchemaError as e:\n"
+              "        assert e.code == 'expected 1'\n"
+              "    try:\n"
+              "        validate('y')\n"
+              "        assert False\n"
+              "    except SchemaError as e:\n"
+              "        assert e.code == 'expected 2'\n"
+              "    try:\n"
+              "        assert lookup('k') == 3\n"
+              "    except KeyError:\n"
+              "        pytest.fail('raised')\n"
+              "    try:\n"
+              "        assert parse('a') == 4\n"
+              "    except ValueError as e:\n"
+              "        assert str(e) == 'no 4'\n"
+              "    try:\n"
+              "        validate('z')\n"
+              "    except SchemaError as e:\n"
+              "        assert e.code == 'no 5'\n"
+              "    else:\n"
+              "        assert done() == 6\n"
+              "    try:\n"
+              "        result = convert('w')\n"
+              "    except ValueError as e:\n"
+              "        assert str(e) == 'no 7'\n"
+              "        result = None\n"
+              "    assert result in (8, None)\n"
+              "    try:\n"
+              "        validate('v')\n"
+              "    except KeyError as e:\n"
+              "        assert str(e) == 'no 9'\n"
+              "    except ValueError as e:\n"
+              "        assert str(e) == 'no 10'\n")
+    module = ast.parse("import pytest\n\n\n" + source)
+    nodes = list(ast.walk(find_function(module, None, "test_paths")))
+    shown = [ast.unparse(nodes[index]) for index, _ in find_sites(module, NodeId.parse(f"{PATH}::test_paths"))]
+    for reached in ("'expected 1'", "'expected 2'", "3"):
+        assert reached in shown, (reached, shown)
+    for skipped in ("4", "'no 4'", "'no 5'", "6", "'no 7'", "'no 9'", "'no 10'"):
         assert skipped not in shown, (skipped, shown)
 
 

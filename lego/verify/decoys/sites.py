@@ -364,7 +364,7 @@ class SiteFinder:
         if isinstance(parent, ast.Match | ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
             return True
         if isinstance(parent, ast.Try | ast.TryStar):
-            return bool(parent.handlers) and not any(node is child for child in parent.finalbody)
+            return self.skippable_in_try(parent, node)
         if isinstance(parent, ast.For | ast.AsyncFor):
             return node is not parent.iter and node is not parent.target and not (
                 fixed_count(parent.iter, self.counted)
@@ -382,6 +382,45 @@ class SiteFinder:
         if isinstance(parent, ast.With | ast.AsyncWith):
             return any(node is statement for statement in parent.body) and any(
                 self.may_swallow(item.context_expr) for item in parent.items)
+        return False
+
+    def skippable_in_try(self, statement: ast.Try | ast.TryStar, node: ast.AST) -> bool:
+        """A `try` with handlers. Its `finally` always runs. Its body and `else` run to their end in every passing
+        run when each handler fails the test. Its one handler runs in every passing run when the test expects the
+        exception: the body's normal end fails, or the body and `else` check nothing and nothing else of the test
+        reads what they bind. A patch that raises nothing passes such a test only vacuously (no check of the test
+        ever looks at that patch's results), so decoys there fail every fix the test actually checks."""
+        if not statement.handlers or any(node is child for child in statement.finalbody):
+            return False
+        if any(node is child for child in [*statement.body, *statement.orelse]):
+            return not all(ends_in_failure(handler.body, handler=True) for handler in statement.handlers)
+        return not (len(statement.handlers) == 1 and node is statement.handlers[0] and self.expects_raise(statement))
+
+    def expects_raise(self, statement: ast.Try | ast.TryStar) -> bool:
+        if not self.checks(statement.handlers[0].body):
+            return False
+        if ends_in_failure(statement.body) or (statement.orelse and ends_in_failure(statement.orelse)):
+            return True
+        normal = [*statement.body, *statement.orelse]
+        if self.checks(normal):
+            return False
+        inside = {id(node) for part in normal for node in ast.walk(part)}
+        bound = {node.id for part in normal for node in ast.walk(part)
+                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+        return not any(isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in bound
+                       and id(node) not in inside for node in self.own)
+
+    def checks(self, statements: list[ast.stmt]) -> bool:
+        """Whether the statements hold a check: an assert, a call of a check (`assert*`, an equality oracle, a
+        `raises`, `fail`) or of a helper of the module that checks its arguments."""
+        for node in (inner for statement in statements for inner in ast.walk(statement)):
+            if isinstance(node, ast.Assert):
+                return True
+            if isinstance(node, ast.Call):
+                name = call_name(node)
+                if name.startswith("assert") or name in ("fail", "raises") or name in self.helpers \
+                        or is_equality_call(name) or name in RAISES_CALLS:
+                    return True
         return False
 
     def asserted_conjunct(self, node: ast.BoolOp) -> bool:
@@ -456,6 +495,24 @@ class SiteFinder:
             self.sites.append(Site(node, "flip_call"))
         elif name in RAISES_CALLS and node.args and isinstance(node.args[0], ast.Name | ast.Attribute):
             self.sites.append(Site(node.args[0], "exception"))
+
+
+def ends_in_failure(statements: list[ast.stmt], handler: bool = False) -> bool:
+    """Whether the block's last statement fails the test whenever it runs: `assert False` (or another falsy
+    literal), `fail(...)`, and in a handler a `raise` (what it raises is not caught by its own `try`)."""
+    last = statements[-1] if statements else None
+    if isinstance(last, ast.Assert):
+        return is_literal(last.test) and not _literal_truth(last.test)
+    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+        return call_name(last.value) == "fail"
+    return handler and isinstance(last, ast.Raise)
+
+
+def _literal_truth(node: ast.AST) -> bool:
+    try:
+        return bool(ast.literal_eval(node))
+    except (ValueError, TypeError, SyntaxError):
+        return True
 
 
 def checking_helpers(module: ast.Module, owner: ast.ClassDef | None,
