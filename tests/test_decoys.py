@@ -792,7 +792,7 @@ def test_no_site_stands_where_a_correct_fix_may_not_go():
 def test_a_handler_is_a_site_where_the_test_expects_its_exception():
     """A handler every passing run enters holds sites: the test's one handler when the `try` body checks nothing and
     binds nothing read later (a patch that raises nothing passes it only vacuously), or when the body's normal end
-    fails. A `try` body holds sites when every handler fails the test. Where the normal path is checked too, or two
+    fails. A `try` body holds sites when every handler fails the test (a skipped graded test has not passed). Where the normal path is checked too, or two
     handlers share the exception, a correct fix may take either path, and nothing there is a site."""
     source = ("def test_paths():\n"
               "    try:\n"
@@ -808,6 +808,11 @@ def test_a_handler_is_a_site_where_the_test_expects_its_exception():
               "        assert lookup('k') == 3\n"
               "    except KeyError:\n"
               "        pytest.fail('raised')\n"
+              "    try:\n"
+              "        import numpy\n"
+              "        assert table(numpy.ones(2)) == 11\n"
+              "    except ImportError:\n"
+              "        pytest.skip('no numpy')\n"
               "    try:\n"
               "        assert parse('a') == 4\n"
               "    except ValueError as e:\n"
@@ -833,7 +838,7 @@ def test_a_handler_is_a_site_where_the_test_expects_its_exception():
     module = ast.parse("import pytest\n\n\n" + source)
     nodes = list(ast.walk(find_function(module, None, "test_paths")))
     shown = [ast.unparse(nodes[index]) for index, _ in find_sites(module, NodeId.parse(f"{PATH}::test_paths"))]
-    for reached in ("'expected 1'", "'expected 2'", "3"):
+    for reached in ("'expected 1'", "'expected 2'", "3", "11"):
         assert reached in shown, (reached, shown)
     for skipped in ("4", "'no 4'", "'no 5'", "6", "'no 7'", "'no 9'", "'no 10'"):
         assert skipped not in shown, (skipped, shown)

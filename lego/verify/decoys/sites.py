@@ -498,13 +498,14 @@ class SiteFinder:
 
 
 def ends_in_failure(statements: list[ast.stmt], handler: bool = False) -> bool:
-    """Whether the block's last statement fails the test whenever it runs: `assert False` (or another falsy
-    literal), `fail(...)`, and in a handler a `raise` (what it raises is not caught by its own `try`)."""
+    """Whether the block's last statement ends the test without its passing whenever it runs: `assert False` (or
+    another falsy literal), `fail(...)`; in a handler also a `raise` (what it raises is not caught by its own `try`)
+    and a skip (`skip(...)`, `self.skipTest(...)`: a graded test that is skipped has not passed)."""
     last = statements[-1] if statements else None
     if isinstance(last, ast.Assert):
         return is_literal(last.test) and not _literal_truth(last.test)
     if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
-        return call_name(last.value) == "fail"
+        return call_name(last.value) in (("fail", "skip", "skipTest") if handler else ("fail",))
     return handler and isinstance(last, ast.Raise)
 
 
