@@ -419,7 +419,7 @@ SOUND_MODULE = '''import unittest
 import pytest
 from pytest import raises
 
-from calc import find, parse_int, size
+from calc import find, pair_text, parse_int, size
 
 SE = raises(ValueError)
 
@@ -461,6 +461,12 @@ def test_a_present_key_never_raises():
         pytest.fail("a present key raised")
 
 
+def test_either_order_is_accepted():
+    first = "\\n".join(["key value", "a 1", "b 2"])
+    second = "\\n".join(["key value", "b 2", "a 1"])
+    assert pair_text({"a": 1, "b": 2}) in [first, second]
+
+
 class TestCalc(unittest.TestCase):
     def test_parse(self):
         self.assertEqual(parse_int("7"), parse_int("07"))
@@ -468,10 +474,13 @@ class TestCalc(unittest.TestCase):
             with self.assertRaises(ValueError):
                 parse_int(text)
 '''
-GOLD = ("def parse_int(text):\n    return int(text)\n\n\ndef find(items, key):\n    return items.get(key)\n\n\n"
+GOLD = ("def pair_text(d):\n    return '\\n'.join(['key value'] + [f'{k} {v}' for k, v in sorted(d.items())])\n\n\n"
+        "def parse_int(text):\n    return int(text)\n\n\ndef find(items, key):\n    return items.get(key)\n\n\n"
         "def size(x):\n    return len(x)\n")
 # Another correct fix: its own error type and message, its own way to find and to count.
 OTHER_FIX = ("class NotANumber(ValueError):\n    pass\n\n\n"
+             "def pair_text(d):\n    return '\\n'.join(['key value'] + [f'{k} {v}' for k, v in sorted(d.items())][::-1])"
+             "\n\n\n"
              "def parse_int(text):\n    if not text.strip('-').isdigit():\n"
              "        raise NotANumber(f'invalid literal: {text!r}')\n    return int(text)\n\n\n"
              "def find(items, key):\n    return items[key] if key in items else None\n\n\n"
@@ -499,13 +508,14 @@ def test_every_decoy_of_the_sound_sites_fails_under_the_gold_fix_and_under_anoth
     tests = [f"{PATH}::{name}" for name in ("test_words_are_rejected", "test_a_missing_key_is_none",
                                             "test_sizes_agree", "test_the_message_is_checked_inside_the_block",
                                             "test_the_size_of_nothing_is_a_type_error", "test_a_present_key_never_raises",
+                                            "test_either_order_is_accepted",
                                             "TestCalc::test_parse")]
     candidates = plan_candidates(SOUND_MODULE, tests, 2, random.Random(0))
     assert all(found.available(2) == 2 for found in candidates.values())
     kinds = {pool.kind for found in candidates.values() for pool in found.pools}
     kinds |= {kind for found in candidates.values() for pool in found.pools for v in pool.variants
               for _, kind in v.flips}
-    assert {"flip_raises", "singleton", "order", "flip_pair"} <= kinds
+    assert {"flip_raises", "singleton", "order", "flip_pair", "accepted"} <= kinds
     layout = validation_layout({PATH: SOUND_MODULE}, candidates, tests, [])
     text = layout.files[PATH]
     assert len(layout.decoys) >= 2 * len(tests)
@@ -842,6 +852,32 @@ def test_a_handler_is_a_site_where_the_test_expects_its_exception():
         assert reached in shown, (reached, shown)
     for skipped in ("4", "'no 4'", "'no 5'", "6", "'no 7'", "'no 9'", "'no 10'"):
         assert skipped not in shown, (skipped, shown)
+
+
+def test_an_accepted_set_is_changed_alike_where_its_members_agree():
+    """`assert r in [first, second]` accepts either member: one member changed would leave the other to match a
+    correct answer, so every member changes, the same character at the same position of the same literal, where
+    all of them agree. A member read elsewhere too is an input as well, and the set is no site."""
+    source = ("def test_orders():\n"
+              "    first = '\\n'.join(['key value', 'a 1', 'b 2'])\n"
+              "    second = '\\n'.join(['key value', 'b 2', 'a 1'])\n"
+              "    assert render() in [first, second]\n"
+              "\n\n"
+              "def test_reused():\n"
+              "    first = '\\n'.join(['key value', 'a 1', 'b 2'])\n"
+              "    assert render() in [first, 'key value']\n"
+              "    assert len(first) == 17\n")
+    tests = [f"{PATH}::test_orders", f"{PATH}::test_reused"]
+    candidates = plan_candidates(source, tests, 2, random.Random(0))
+    pools = [pool for pool in candidates[tests[0]].pools if pool.kind == "accepted"]
+    assert pools and candidates[tests[0]].available(2) == 2
+    nodes = list(ast.walk(find_function(ast.parse(source), None, "test_orders")))
+    for variant in pools[0].variants:
+        originals = [nodes[index].value for index, _ in variant.also]
+        changed = [ast.literal_eval(text) for _, text in variant.also]
+        assert len(changed) == 2 and originals[0] == originals[1] == "key value"
+        assert changed[0] == changed[1] != "key value" and len(changed[0]) == len("key value")
+    assert "accepted" not in [pool.kind for pool in candidates[tests[1]].pools]
 
 
 def test_the_decoy_sites_bench_counts_the_bundled_sets_candidates(lego_config, work_dir):

@@ -29,6 +29,7 @@ from lego.verify.decoys.model import (
     NodeId,
     SitePool,
     Variant,
+    literal,
     parse_python,
 )
 from lego.verify.decoys.params import ParamTable, render_param
@@ -319,6 +320,8 @@ def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | 
                 real, variants = param_candidates(finder.param, finder.param_names, k, rng)
             elif kind == "bits":
                 variants = bits_candidates(node, rng)
+            elif kind == "accepted":
+                variants = accepted_candidates(finder.accepted_members(node) or [], nodes, k, rng)
             elif kind == "exception":
                 original = node.id if isinstance(node, ast.Name) else ast.unparse(node)
                 variants = exception_candidates(original, exceptions, k, rng)
@@ -360,6 +363,47 @@ def _with_flip_pair(pools: list[SitePool], sites: list[tuple[int, str]], nodes: 
                     written=written_lines is None or lines <= written_lines)
     kept = [pool for pool in pools if not pool.kind.startswith("flip_")]
     return (kept + [pair])[:MAX_SITES_PER_TEST] if len(kept) < MAX_SITES_PER_TEST else kept
+
+
+def accepted_candidates(members: list[tuple[str | None, list[ast.Constant]]], nodes: list[ast.AST], k: int,
+                        rng: random.Random) -> list[Variant]:
+    """An accepted set's variants: one character changed alike in the same literal of every member, at a position
+    where all of them agree (a dict's two orders share their rule lines and most columns), so that the members keep
+    the likeness they have to one another and none of them equals any real member: a correct answer, whichever
+    member it is, matches no decoy. Members of one shape only (as many literals, the changed one as long in each)."""
+    if len(members) < 2 or len({len(literals) for _, literals in members}) != 1:
+        return []
+    index = {id(node): position for position, node in enumerate(nodes)}
+    mine = {id(leaf) for _, literals in members for leaf in literals}
+    inputs = "\n".join(str(node.value) for node in nodes if id(node) not in mine
+                       and isinstance(node, ast.Constant) and isinstance(node.value, str | int | float))
+
+    def whole(texts: list[str], sep: str | None) -> str:
+        return texts[0] if sep is None else sep.join(texts)
+
+    real = [whole([leaf.value for leaf in literals], sep) for sep, literals in members]
+    variants: list[Variant] = []
+    rows = list(range(len(members[0][1])))
+    rng.shuffle(rows)
+    for row in rows:
+        texts = [literals[row].value for _, literals in members]
+        if len({len(text) for text in texts}) != 1:
+            continue
+        for candidate in text_candidates(texts[0], k, rng, inputs=inputs):
+            changed = literal(candidate.replacement)
+            moved = [i for i, (a, b) in enumerate(zip(changed, texts[0], strict=False)) if a != b]
+            if len(changed) != len(texts[0]) or not all(text[i] == texts[0][i] for text in texts for i in moved):
+                continue
+            new = [text[:moved[0]] + changed[moved[0]] + text[moved[0] + 1:] if moved else text for text in texts]
+            after = [whole([n if i == row else leaf.value for i, leaf in enumerate(literals)], sep)
+                     for n, (sep, literals) in zip(new, members, strict=True)]
+            if not moved or any(text in real for text in after):
+                continue
+            variants.append(Variant(replacement=repr(new[0]), family=f"row{row}:{candidate.family}", also=[
+                (index[id(literals[row])], repr(text)) for text, (_, literals) in zip(new, members, strict=True)]))
+        if len(variants) >= MAX_VARIANTS_PER_SITE:
+            break
+    return variants
 
 
 def bits_candidates(node: ast.List | ast.Tuple, rng: random.Random, families: int = 3) -> list[Variant]:

@@ -101,8 +101,13 @@ def render_function(function: ast.FunctionDef | ast.AsyncFunctionDef, member: Me
     clone = copy.deepcopy(function)
     if member.variant is not None and member.site is not None:
         nodes = list(ast.walk(clone))
-        changes = [(nodes[index], kind, Variant(family="flip")) for index, kind in member.variant.flips] \
-            if member.kind == "flip_pair" else [(nodes[member.site], member.kind, member.variant)]
+        if member.kind == "flip_pair":
+            changes = [(nodes[index], kind, Variant(family="flip")) for index, kind in member.variant.flips]
+        elif member.kind == "accepted":
+            changes = [(nodes[index], "value", Variant(replacement=source, family="accepted"))
+                       for index, source in member.variant.also]
+        else:
+            changes = [(nodes[member.site], member.kind, member.variant)]
         for target, kind, variant in changes:  # targets found before any rewrite: a pair's are not nested
             if target is clone:
                 raise DecoyError("a decoy site cannot be the test function itself")
@@ -290,7 +295,7 @@ def build_layout(sources: dict[str, str], plan: DecoyPlan, fail_to_pass: list[st
             ranked = []
             for pool in pools:
                 matched, fit = context.matching(pool) if context is not None else (pool, 0)
-                strength = {"value": 2, "param": 2, "bits": 2, "exception": 1, "singleton": 1, "order": 1}.get(
+                strength = {"value": 2, "param": 2, "bits": 2, "accepted": 2, "exception": 1, "singleton": 1, "order": 1}.get(
                     pool.kind, 0)
                 size = len(draw_variants(matched, k, random.Random(0)))
                 ranked.append(((matched.written, strength, fit, size), matched))

@@ -27,7 +27,7 @@ def literal(text: str):
     """The value of a literal's source (ast.literal_eval of a string parses it: one thread at a time too)."""
     return ast.literal_eval(parse_python(text, mode="eval").body)
 
-DECOY_FORMAT = 15  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+DECOY_FORMAT = 16  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
 MAX_SITES_PER_TEST = 2
 MAX_VARIANTS_PER_SITE = 10  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12
@@ -100,13 +100,15 @@ class Variant(BaseModel):
     ids: dict[str, str] = Field(default_factory=dict)
     # A pair of truth checks' variant: the checks it flips, each as (its index in ast.walk order, its flip kind).
     flips: list[tuple[int, str]] = Field(default_factory=list)
+    # An accepted set's variant: every member's changed literal, as (its index in ast.walk order, its source).
+    also: list[tuple[int, str]] = Field(default_factory=list)
 
 
 class SitePool(BaseModel):
     """A checked expectation of one test and the variants that fail under the gold patch."""
 
     site: int  # the node's index in ast.walk order over the test function
-    # value | param | bits | exception | singleton | order | flip_assert | flip_is | flip_compare | flip_call |
+    # value | param | bits | accepted | exception | singleton | order | flip_assert | flip_is | flip_compare | flip_call |
     # flip_raises | flip_pair
     kind: str
     variants: list[Variant]

@@ -291,6 +291,8 @@ class SiteFinder:
         for statement in reached:
             if self.facts.expects(statement, local):
                 self.sites.append(Site(statement, "flip_raises"))
+        for container in self.accepted_sets():
+            self.sites.append(Site(container, "accepted"))
         seen: set[tuple[int, str]] = set()
         unique = []
         for site in self.sites:
@@ -300,6 +302,49 @@ class SiteFinder:
                 seen.add((id(site.node), site.kind))
                 unique.append(site)
         return unique
+
+    def accepted_sets(self) -> list[ast.List | ast.Tuple]:
+        """The lists a membership check accepts the result from (`assert r in [e1, e2]`, `assert_in(r, [e1, e2])`,
+        `self.assertIn(r, (e1, e2))`: each member a correct answer, such as a dict's two orders), when each member
+        is text `accepted_members` can read. Changing one member leaves the others to match; changed alike, at a
+        position where all agree, none of them matches any more (candidates.accepted_candidates)."""
+        found = []
+        for node in self.own:
+            container = None
+            if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In) \
+                    and isinstance(self.parent.get(id(node)), ast.Assert):
+                container = node.comparators[0]
+            elif isinstance(node, ast.Call) and call_name(node) in ("assert_in", "assertIn") \
+                    and len(node.args) == 2 and isinstance(self.parent.get(id(node)), ast.Expr):
+                container = node.args[1]
+            if isinstance(container, ast.List | ast.Tuple) and len(container.elts) >= 2 \
+                    and self.accepted_members(container) is not None:
+                found.append(container)
+        return found
+
+    def accepted_members(self, container: ast.List | ast.Tuple) -> list[tuple[str | None, list[ast.Constant]]] | None:
+        """Each member as (the separator a `sep.join([...])` of string literals uses, or None for one string
+        literal; its literals): a literal in place, or a name bound once to one and read nowhere else (but printed)."""
+        members = []
+        for element in container.elts:
+            value = element
+            if isinstance(element, ast.Name):
+                name = element.id
+                if self.bound[name] != 1 or name in self.arguments or len(self.assigned.get(name, [])) != 1 \
+                        or not all(use is element or self.printed(use) for use in self.uses(name)):
+                    return None
+                value = self.assigned[name][0]
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                members.append((None, [value]))
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "join" \
+                    and isinstance(value.func.value, ast.Constant) and isinstance(value.func.value.value, str) \
+                    and len(value.args) == 1 and not value.keywords and isinstance(value.args[0], ast.List | ast.Tuple) \
+                    and value.args[0].elts and all(isinstance(item, ast.Constant) and isinstance(item.value, str)
+                                                   for item in value.args[0].elts):
+                members.append((value.func.value.value, list(value.args[0].elts)))
+            else:
+                return None
+        return members
 
     def stable_loop_names(self, constants: frozenset[str]) -> frozenset[str]:
         """Names whose values are the same under every patch beyond `constants`: a table the test writes as a list
@@ -594,7 +639,7 @@ def locate_sites(module: ast.Module, ref: NodeId, known: list[str] | None = None
     index = {id(node): position for position, node in enumerate(ast.walk(function))}
     # Value sites first (they give k decoys), then exception swaps, singletons and orders, then flips (one decoy
     # each, or k in pairs).
-    order = {"value": 0, "param": 0, "bits": 0, "exception": 1, "singleton": 2, "order": 2, "flip_is": 3,
+    order = {"value": 0, "param": 0, "bits": 0, "accepted": 0, "exception": 1, "singleton": 2, "order": 2, "flip_is": 3,
              "flip_compare": 3, "flip_call": 3, "flip_raises": 3, "flip_assert": 4}
     found = sorted({(index[id(site.node)], site.kind) for site in sites if id(site.node) in index},
                    key=lambda item: (order[item[1]], item[0]))
