@@ -461,6 +461,17 @@ def test_a_present_key_never_raises():
         pytest.fail("a present key raised")
 
 
+class TestSizes:
+    kind = list
+
+    def test_size_of_three(self):
+        assert size(self.kind("abc")) == 3
+
+
+class TestTupleSizes(TestSizes):
+    kind = tuple
+
+
 def test_either_order_is_accepted():
     first = "\\n".join(["key value", "a 1", "b 2"])
     second = "\\n".join(["key value", "b 2", "a 1"])
@@ -508,7 +519,8 @@ def test_every_decoy_of_the_sound_sites_fails_under_the_gold_fix_and_under_anoth
     tests = [f"{PATH}::{name}" for name in ("test_words_are_rejected", "test_a_missing_key_is_none",
                                             "test_sizes_agree", "test_the_message_is_checked_inside_the_block",
                                             "test_the_size_of_nothing_is_a_type_error", "test_a_present_key_never_raises",
-                                            "test_either_order_is_accepted",
+                                            "test_either_order_is_accepted", "TestSizes::test_size_of_three",
+                                            "TestTupleSizes::test_size_of_three",
                                             "TestCalc::test_parse")]
     candidates = plan_candidates(SOUND_MODULE, tests, 2, random.Random(0))
     assert all(found.available(2) == 2 for found in candidates.values())
@@ -709,17 +721,30 @@ def test_a_file_that_does_not_parse_is_left_as_it_is_with_the_reason():
     assert layout.real == {f"{PATH}::test_broken": f"{PATH}::test_broken"} and not layout.decoys
 
 
-def test_a_method_a_graded_subclass_inherits_keeps_its_name_and_the_rest_of_the_file_its_decoys():
-    source = ("class TestBase:\n    def test_shared(self):\n        assert merge(1) == 2\n\n\n"
+def test_a_method_graded_subclasses_inherit_gets_its_decoys_where_it_is_written():
+    """`TestChild::test_shared`, inherited from `TestBase`: the method is rewritten in TestBase, so the subclass
+    inherits the renamed real test and its decoys alike, and every id of it is graded as one group. A method
+    inherited from a class the module does not hold is graded as it is, with no decoy."""
+    source = ("import unittest\nfrom elsewhere import Mixin\n\n\n"
+              "class TestBase:\n    def test_shared(self):\n        assert merge(1) == 2\n\n\n"
               "class TestChild(TestBase):\n    pass\n\n\n"
+              "class TestForeign(Mixin, TestBase):\n    pass\n\n\n"
               "def test_other():\n    assert other() == 5\n")
     tests = ["TestBase::test_shared", "TestChild::test_shared", "test_other"]
     layout = layout_of(source, tests, seed=0)
     text = layout.files[PATH]
-    assert "def test_shared(self):" in text  # TestChild::test_shared still exists
-    for test in ("TestBase::test_shared", "TestChild::test_shared"):
-        assert layout.real[f"{PATH}::{test}"] == f"{PATH}::{test}" and not layout.decoys_of(f"{PATH}::{test}")
-    assert "test_other" not in text and len(layout.decoys_of(f"{PATH}::test_other")) == 2
+    assert "def test_shared(self):" not in text and "test_other" not in text
+    base, child = layout.real[f"{PATH}::TestBase::test_shared"], layout.real[f"{PATH}::TestChild::test_shared"]
+    assert base.split("::")[-1] == child.split("::")[-1] and child.startswith(f"{PATH}::TestChild::test_")
+    decoys = layout.decoys_of(f"{PATH}::TestChild::test_shared")
+    assert len(decoys) == 2 and all(decoy.startswith(f"{PATH}::TestChild::") for decoy in decoys)
+    assert sorted(decoy.split("::")[-1] for decoy in decoys) == sorted(
+        decoy.split("::")[-1] for decoy in layout.decoys_of(f"{PATH}::TestBase::test_shared"))
+    assert any(set(group) >= {base, child, *decoys} for group in layout.groups)
+    assert len(layout.decoys_of(f"{PATH}::test_other")) == 2
+    foreign = layout_of(source, ["TestForeign::test_shared", "test_other"], seed=0)
+    assert foreign.real[f"{PATH}::TestForeign::test_shared"] == f"{PATH}::TestForeign::test_shared"
+    assert "def test_shared(self):" in foreign.files[PATH] and not foreign.decoys_of(f"{PATH}::TestForeign::test_shared")
 
 
 def test_a_decoy_is_judged_only_on_the_cases_its_site_was_validated_on():

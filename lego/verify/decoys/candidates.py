@@ -29,6 +29,7 @@ from lego.verify.decoys.model import (
     NodeId,
     SitePool,
     Variant,
+    home_function,
     literal,
     parse_python,
 )
@@ -295,9 +296,9 @@ def plan_candidates(source: str, tests: list[str], k: int, rng: random.Random | 
     plans: dict[str, DecoysOfTest] = {}
     by_function: dict[tuple[str, str | None, str], list[str]] = {}
     for test in tests:
-        by_function.setdefault(NodeId.parse(test).function, []).append(test)
-    for ids in by_function.values():
-        ref = NodeId.parse(ids[0])
+        by_function.setdefault(home_function(module, NodeId.parse(test).function), []).append(test)
+    for (path, owner, name), ids in by_function.items():
+        ref = NodeId(path, owner, name, NodeId.parse(ids[0]).params)  # a method inherited: where it is written
         sites, finder = locate_sites(module, ref, ids)
         if finder is None:
             for test in ids:

@@ -22,6 +22,7 @@ from lego.verify.decoys.model import (
     Variant,
     draw_variants,
     find_function,
+    home_function,
     literal,
     parse_python,
 )
@@ -220,7 +221,8 @@ class _Context:
             module = parse_python(source)
         except SyntaxError:
             return None
-        function = find_function(module, ref.owner, ref.name)
+        _, owner, name = home_function(module, ref.function)
+        function = find_function(module, owner, name)
         if function is None:
             return None
         start = min([function.lineno, *(d.lineno for d in function.decorator_list)])
@@ -333,36 +335,27 @@ def validation_layout(sources: dict[str, str], candidates: dict[str, DecoysOfTes
     return _layout(sources, fail_to_pass, pass_to_pass, members_of, rng, decoy_tests=set(candidates))
 
 
-def inherited(sources: dict[str, str], functions: list[tuple[str, str | None, str]]) -> set[tuple[str, str | None, str]]:
-    """The graded test methods a class of the module inherits (`Sub::test_m` where `Sub` does not define test_m),
-    and the methods they inherit from, up the module's own base classes."""
-    frozen: set[tuple[str, str | None, str]] = set()
+def homes(sources: dict[str, str], functions: list[tuple[str, str | None, str]]) -> dict[
+        tuple[str, str | None, str], tuple[str, str | None, str] | None]:
+    """Each graded function -> where it is written (`home_function`: a method a graded subclass inherits is written
+    in its base class, and its decoys there are inherited alike), or None for an inherited method whose class
+    cannot be resolved in the module: renamed where it is written, the subclass's test would be gone."""
     modules: dict[str, ast.Module | None] = {}
-    for path, owner, name in functions:
-        if owner is None or "::" in owner:
-            continue
+    found: dict[tuple[str, str | None, str], tuple[str, str | None, str] | None] = {}
+    for function in functions:
+        path, owner, name = function
         if path not in modules:
             try:
                 modules[path] = parse_python(sources[path]) if path in sources else None
             except (SyntaxError, ValueError):
                 modules[path] = None
         module = modules[path]
-        if module is None:
-            continue
-        classes = {node.name: node for node in module.body if isinstance(node, ast.ClassDef)}
-        if owner not in classes or find_function(module, owner, name) is not None:
-            continue
-        frozen.add((path, owner, name))
-        queue, seen = [classes[owner]], set()
-        while queue:
-            current = queue.pop()
-            for base in current.bases:
-                if isinstance(base, ast.Name) and base.id in classes and base.id not in seen:
-                    seen.add(base.id)
-                    queue.append(classes[base.id])
-                    if find_function(module, base.id, name) is not None:
-                        frozen.add((path, base.id, name))
-    return frozen
+        home = home_function(module, function)
+        if module is not None and home[1] is not None and "::" not in home[1] \
+                and find_function(module, home[1], name) is None:
+            home = None
+        found[function] = home
+    return found
 
 
 def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str], members_of,
@@ -370,23 +363,27 @@ def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list
             decoy_tests: set[str] | None = None) -> DecoyLayout:
     """`decoy_tests`: the graded tests whose decoys are judged (None: all); a decoy's other cases get no id."""
     layout = DecoyLayout()
-    by_function: dict[tuple[str, str | None, str], list[str]] = {}
+    tests_of: dict[tuple[str, str | None, str], list[str]] = {}
     for test in dict.fromkeys([*fail_to_pass, *pass_to_pass]):
-        by_function.setdefault(NodeId.parse(test).function, []).append(test)
+        tests_of.setdefault(NodeId.parse(test).function, []).append(test)
+    home_of = homes(sources, list(tests_of))
+    by_function: dict[tuple[str, str | None, str], list[str]] = {}
+    for function, tests in tests_of.items():
+        by_function.setdefault(home_of[function] or function, []).extend(tests)
     per_file: dict[str, list[Group]] = {}
     ids_of: dict[tuple[str, str | None, str], list[str]] = {}
-    frozen = inherited(sources, list(by_function))
     for function, tests in by_function.items():
-        if function in frozen:
-            # A method a graded subclass inherits (or the inherited id itself): renamed in its class, the
-            # subclass's test would be gone. It is graded as it is, under its own name, with no decoy.
+        if any(home_of[NodeId.parse(test).function] is None for test in tests):
+            # An inherited method whose class the module does not resolve: graded as it is, under its own name, with
+            # no decoy.
             ids_of[function] = list(tests)
             layout.real.update({test: test for test in tests})
             continue
         members = members_of(tests)
         cases = {NodeId.parse(test).params[1:-1] for test in tests}
-        per_file.setdefault(function[0], []).append(Group(NodeId.parse(tests[0]), members,
-                                                          cases if all(NodeId.parse(t).params for t in tests) else None))
+        path, owner, name = function
+        per_file.setdefault(path, []).append(Group(NodeId(path, owner, name, NodeId.parse(tests[0]).params), members,
+                                                   cases if all(NodeId.parse(t).params for t in tests) else None))
         ids_of[function] = []
         for test in tests:
             ref = NodeId.parse(test)
@@ -418,7 +415,8 @@ def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list
             # is graded as it is, under its own names; the evidence says so.
             layout.unrewritable[path] = f"{type(exc).__name__}: {exc}"[:300]
             for group in groups:
-                tests = [test for test in layout.real if NodeId.parse(test).function == group.ref.function]
+                tests = [test for test in layout.real
+                         if (home_of.get(NodeId.parse(test).function) or NodeId.parse(test).function) == group.ref.function]
                 for test in tests:
                     layout.real[test] = test
                     layout.drawn.pop(test, None)
@@ -426,7 +424,7 @@ def _layout(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list
                         del layout.decoys[decoy]
                         layout.members.pop(decoy, None)
                 ids_of[group.ref.function] = tests
-    alone = set(dict.fromkeys(NodeId.parse(test).function for test in fail_to_pass))
+    alone = {home_of[NodeId.parse(test).function] or NodeId.parse(test).function for test in fail_to_pass}
     for function, ids in ids_of.items():
         ids = list(ids)
         rng.shuffle(ids)

@@ -27,7 +27,7 @@ def literal(text: str):
     """The value of a literal's source (ast.literal_eval of a string parses it: one thread at a time too)."""
     return ast.literal_eval(parse_python(text, mode="eval").body)
 
-DECOY_FORMAT = 16  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+DECOY_FORMAT = 17  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
 MAX_SITES_PER_TEST = 2
 MAX_VARIANTS_PER_SITE = 10  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12
@@ -182,6 +182,40 @@ def find_function(module: ast.Module, owner: str | None, name: str) -> ast.Funct
     functions = [node for node in body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
                  and node.name == name]
     return functions[-1] if functions else None  # the last definition is the one Python keeps
+
+
+def defining_class(module: ast.Module, owner: str, name: str) -> str | None:
+    """The class of the module whose body defines the test method `owner::name`: `owner` itself, or the one class of
+    the module that `owner` inherits it from. None when no class of the module defines it, when two might, or when a
+    base class from elsewhere (other than `object` and unittest's TestCase) might come first in the method order."""
+    classes = {node.name: node for node in module.body if isinstance(node, ast.ClassDef)}
+    if owner not in classes:
+        return None
+    found, queue, seen = set(), [owner], set()
+    while queue:
+        current = queue.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if find_function(module, current, name) is not None:
+            found.add(current)
+            continue
+        for base in classes[current].bases:
+            base_name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ""
+            if isinstance(base, ast.Name) and base.id in classes:
+                queue.append(base.id)
+            elif base_name not in ("object", "TestCase"):
+                return None
+    return found.pop() if len(found) == 1 else None
+
+
+def home_function(module: ast.Module | None, function: tuple[str, str | None, str]) -> tuple[str, str | None, str]:
+    """(path, class, name) of where a test's function is written: a method a class inherits is written in the class
+    it inherits it from (`defining_class`); anything else, or what cannot be resolved, as the test id names it."""
+    path, owner, name = function
+    if module is None or owner is None or "::" in owner:
+        return function
+    return (path, defining_class(module, owner, name) or owner, name)
 
 
 def draw_variants(pool: SitePool, k: int, rng: random.Random) -> list[Variant]:
