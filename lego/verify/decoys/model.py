@@ -27,7 +27,7 @@ def literal(text: str):
     """The value of a literal's source (ast.literal_eval of a string parses it: one thread at a time too)."""
     return ast.literal_eval(parse_python(text, mode="eval").body)
 
-DECOY_FORMAT = 17  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
+DECOY_FORMAT = 18  # bump when site finding, candidates or rendering change: it is part of a plan's cache key
 MAX_SITES_PER_TEST = 2
 MAX_VARIANTS_PER_SITE = 10  # candidates validated per site: the gold run's size grows with it
 NAME_HEX = 12

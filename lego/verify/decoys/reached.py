@@ -76,6 +76,7 @@ class ModuleFacts:
     own_methods: frozenset[str] = frozenset()  # assertRaises* the module defines itself (not unittest's)
     constants: frozenset[str] = frozenset()
     stable: frozenset[str] = frozenset()  # `import itertools`, `from itertools import combinations`, builtins
+    expected_by_constant: tuple[tuple[str, str], ...] = ()  # each constant -> ast.dump of the type it expects
 
     @classmethod
     def of(cls, module: ast.Module) -> ModuleFacts:
@@ -99,8 +100,17 @@ class ModuleFacts:
                      if isinstance(statement, ast.Assign) and len(statement.targets) == 1
                      and isinstance(statement.targets[0], ast.Name) and stores.get(statement.targets[0].id) == 1
                      and found.manager_call(statement.value, frozenset())}
+        expected = tuple((statement.targets[0].id, ast.dump(statement.value.args[0])) for statement in module.body
+                         if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                         and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id in constants)
         return cls(found.pytest_modules, found.raises_functions, found.own_methods, frozenset(constants),
-                   found.stable)
+                   found.stable, expected)
+
+    def expected_type(self, manager: ast.AST, local: frozenset[str]) -> str | None:
+        """ast.dump of the exception type a `raises`/`assertRaises` manager (or a constant bound to one) expects."""
+        if isinstance(manager, ast.Name):
+            return dict(self.expected_by_constant).get(manager.id) if manager.id not in local else None
+        return ast.dump(manager.args[0]) if self.manager_call(manager, local) else None
 
     def manager_call(self, node: ast.AST, local: frozenset[str]) -> bool:
         """`pytest.raises(E)`, `raises(E, match=...)`, `self.assertRaises(E)`, `self.assertRaisesRegex(E, text)`:

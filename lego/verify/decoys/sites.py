@@ -426,7 +426,7 @@ class SiteFinder:
             return node is not parent.values[0] and not asserted
         if isinstance(parent, ast.With | ast.AsyncWith):
             return any(node is statement for statement in parent.body) and any(
-                self.may_swallow(item.context_expr) for item in parent.items)
+                self.may_swallow(item.context_expr) for item in parent.items) and not self.checked_raise(parent, node)
         return False
 
     def skippable_in_try(self, statement: ast.Try | ast.TryStar, node: ast.AST) -> bool:
@@ -440,6 +440,21 @@ class SiteFinder:
         if any(node is child for child in [*statement.body, *statement.orelse]):
             return not all(ends_in_failure(handler.body, handler=True) for handler in statement.handlers)
         return not (len(statement.handlers) == 1 and node is statement.handlers[0] and self.expects_raise(statement))
+
+    def checked_raise(self, block: ast.With | ast.AsyncWith, statement: ast.AST) -> bool:
+        """`with raises(E): try: f() except E as e: assert <check of e>; raise`: the `try` is the block's whole
+        body and its one handler catches what the block expects, and re-raises after one check. A passing run
+        needs an E out of the `try`, so it enters the handler and makes the check (an exception the handler lets
+        pass is no E; a body that raises nothing fails the block)."""
+        if len(block.items) != 1 or block.body != [statement] or not isinstance(statement, ast.Try) \
+                or len(statement.handlers) != 1 or statement.handlers[0].type is None:
+            return False
+        handler = statement.handlers[0]
+        local = frozenset(name for name in self.bound if self.bound[name]) | frozenset(self.arguments)
+        expected = self.facts.expected_type(block.items[0].context_expr, local)
+        return expected == ast.dump(handler.type) and len(handler.body) == 2 and self.checks(handler.body[:1]) \
+            and isinstance(handler.body[1], ast.Raise) and handler.body[1].exc is None \
+            and not statement.orelse and not statement.finalbody and self.expects_raise(statement)
 
     def expects_raise(self, statement: ast.Try | ast.TryStar) -> bool:
         if not self.checks(statement.handlers[0].body):
