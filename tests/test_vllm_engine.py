@@ -10,6 +10,7 @@ on the tiny Qwen3-MoE with head_dim 32: vLLM's CPU attention has no kernel for t
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -309,6 +310,73 @@ def test_a_claude_code_rollout_is_served_from_vllm_as_it_samples(vllm_engine, re
     last_of_each_reply = sampled & ~np.append(sampled[1:], False)  # never fed to vLLM: no routing row
     fed = ~last_of_each_reply
     np.testing.assert_array_equal(np.sort(segment.routed_experts[fed], -1), np.sort(routing[fed], -1))
+
+
+class _KeptOpen(RecordingEngine):
+    """The module's engine as the pipeline's factory hands it out: recorded, and kept running when the stage closes
+    it (a second vLLM engine would take a minute to start here)."""
+
+    closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.docker
+def test_the_rollout_stage_with_engine_kind_vllm_stores_what_vllm_sampled(vllm_engine, reference, model_path,
+                                                                          lego_config, tmp_path, docker_engine,
+                                                                          base_image, monkeypatch):
+    """The pipeline's rollout stage (run_attempts over the real runner: mini-swe-agent in a sandbox, the proxy) with
+    engine.kind vllm: the engine the stage asks the factory for is the vLLM engine, the rollout completes, and the
+    stored trajectory's sampled tokens and log-probs are what vLLM returned (and what the transformers engine gives
+    the same ids)."""
+    import lego.engine.factory
+    from lego.data.catalog import Catalog
+    from lego.data.reader import read_trajectories
+    from lego.engine.vllm_engine import VLLMEngine
+    from lego.pipeline.artifacts import StageContext
+    from lego.pipeline.attempts import run_attempts
+    from lego.pipeline.policy import Policy
+    from lego.pipeline.runners import RealRunner
+    from lego.workdir import WorkDir
+
+    installed("mini-swe-agent")
+    config = with_overrides(lego_config, engine={"kind": "vllm", "dtype": "float32"}, sampling={"max_tokens": 12},
+                            harness={"name": "mini-swe-agent", "max_turns": 2, "timeout_s": 180},
+                            rollout={"samples_per_task": 1, "concurrency": 1},
+                            docker={"host": docker_engine.base_url})
+    served = _KeptOpen(vllm_engine)
+    asked = []
+
+    def make_engine(stage_config, path, script=None):
+        asked.append((stage_config.engine.kind, stage_config.engine.dtype, Path(path)))
+        return served
+
+    monkeypatch.setattr(lego.engine.factory, "make_engine", make_engine)
+    ctx = StageContext(config=config, work=WorkDir.create(tmp_path / "work"), run_id="vllm-stage",
+                       runner=RealRunner())
+    ids = run_attempts(ctx, [bundled_task()], Policy.from_path(model_path), samples=1, data_run_id="vllm-stage",
+                       stage="rollout", iteration=0)
+    assert asked == [("vllm", "float32", Path(model_path))] and served.closed == 1
+    assert isinstance(served.inner, VLLMEngine)
+    with Catalog.open(ctx.work, config, in_memory=True) as catalog:
+        (trajectory,) = read_trajectories(catalog, ids, "vllm-stage")
+    assert trajectory.error is None, trajectory.harness_log[-3000:]
+    assert trajectory.termination.value in ("completed", "max_turns", "harness_crash"), trajectory.termination
+    assert served.results and trajectory.policy_version == vllm_engine.policy_version
+    sampled_by_vllm = [token for result in served.results for token in result.token_ids]
+    vllm_logprobs = np.concatenate([np.asarray(result.logprobs, dtype=np.float32) for result in served.results])
+    stored_ids, stored_logprobs = [], []
+    for segment in trajectory.main_segments:
+        sampled = segment.response_mask == 1
+        stored_ids += segment.token_ids[sampled].tolist()
+        stored_logprobs.append(segment.logprobs[sampled])
+        first = int(np.argmax(sampled))
+        logprobs, _ = run(reference.score_with_routing(segment.token_ids.tolist(), first=first))
+        np.testing.assert_allclose(segment.logprobs[first:][sampled[first:]],
+                                   np.asarray(logprobs, dtype=np.float32)[sampled[first:]], atol=1e-4)
+    assert stored_ids == sampled_by_vllm
+    np.testing.assert_array_equal(np.concatenate(stored_logprobs), vllm_logprobs)
 
 
 def test_without_a_vllm_environment_the_engine_says_how_to_get_one(model_path, tmp_path, monkeypatch):
