@@ -99,7 +99,7 @@ def dataset(run_id: str, iteration: int) -> StageResult:
 def train(run_id: str, iteration: int) -> StageResult:
     run = get_run(run_id)
     return run.record(run_train_stage(run.ctx, run.result("dataset", iteration),
-                                          run.policy(iteration)))
+                                          run.policy(iteration), run.manifest.get("warmstart")))
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)

@@ -195,14 +195,17 @@ class TrainConfig(Section):
     negative_advantage_weight: float = Field(1.0, ge=0, le=1)
     # The advantage estimator. `grpo`: the dataset stage's group-normalized advantages (verl's GRPO). `success_mass`
     # (lego/train/success_mass.py): each found success weighted by its share of the probability of the group's
-    # found successes; for a policy that resolves its tasks mostly one way (after a warm start).
-    adv_estimator: Literal["grpo", "success_mass"] = "grpo"
+    # found successes; for a policy that resolves its tasks mostly one way (after a warm start). Two baselines
+    # (`lego bench learn`'s arms): `rft`, rejection-sampling fine-tuning: each resolved rollout advantage 1, the
+    # others 0 (supervised learning on the policy's own successes); `sft`, continued supervised fine-tuning on the
+    # warm start's demonstrations instead of the rollouts (`epochs` full-batch steps at `lr`, as the other arms).
+    adv_estimator: Literal["grpo", "success_mass", "rft", "sft"] = "grpo"
 
     @model_validator(mode="after")
     def _one_credit_rule(self) -> TrainConfig:
-        if self.adv_estimator == "success_mass" and self.credit != "sequence":
-            raise ValueError("train.adv_estimator success_mass gives each rollout one advantage for all its tokens; "
-                             "set train.credit: sequence (forks places GRPO's advantages only)")
+        if self.adv_estimator != "grpo" and self.credit != "sequence":
+            raise ValueError(f"train.adv_estimator {self.adv_estimator} gives each rollout one advantage for all its "
+                             "tokens; set train.credit: sequence (forks places GRPO's advantages only)")
         return self
 
 

@@ -115,7 +115,7 @@ STAGES_RUNNING: dict[str, frozenset[str]] = {
     "lego/pipeline/runners.py": EVALUATES,  # evaluation wraps the real runner for the empty policy
     "lego/pipeline/diagnosis.py": NONE,  # `lego diagnose`
     "lego/train/trainer.py": TRAINS,
-    "lego/train/sft.py": frozenset({"warmstart"}),
+    "lego/train/sft.py": frozenset({"warmstart", "train"}),  # train: `train.adv_estimator: sft` fine-tunes
     "lego/tasksets/task.py": ALL_STAGES,  # every stage reads or writes tasks
     "lego/evaluate/report.py": EVALUATES,
     "lego/evaluate/compare.py": NONE,  # `lego compare`

@@ -124,3 +124,117 @@ def _verdict(curve: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"start_policy": 0, "end_policy": measured[-1]["policy"], "start": start, "end": end,
             "rise": end["rate"] - start["rate"], "above_start_interval": end["rate"] > start["high"],
             "intervals_apart": end["low"] > start["high"]}
+
+
+# ------------------------------------------------------------------------------ `lego bench learn`'s arms and seeds
+
+SPLITS = ("train", "eval")
+PHASES = ("before", "after")
+
+
+def before_after(curve: dict[str, Any]) -> dict[str, dict[str, dict[str, Any] | None]]:
+    """Per phase and split, the resolved rate of an evaluation: `before` is the policy RL starts from (the warm
+    start's, the `baseline` stage), `after` the last evaluated policy. The train split's figures are evaluations of
+    the training tasks (`train_split_eval`), not RL's own rollouts, so that before and after are measured alike."""
+    keys = {"train": "train_split_eval", "eval": "eval_split"}
+    points = curve["curve"]
+    start = next((entry for entry in points if entry["policy"] == 0), {})
+    later = [entry for entry in points if entry["policy"] > 0]
+    result: dict[str, dict[str, dict[str, Any] | None]] = {"before": {}, "after": {}}
+    for split, key in keys.items():
+        result["before"][split] = start.get(key)
+        measured = [entry for entry in later if entry.get(key)]
+        result["after"][split] = measured[-1][key] if measured else None
+    return result
+
+
+def rate_of(resolved: int, attempts: int, confidence: float = 0.95) -> dict[str, Any] | None:
+    """A resolved count as the bench reports it: count, attempts, rate and its Wilson interval."""
+    return _rate(resolved, attempts, confidence)
+
+
+def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
+                confidence: float = 0.95) -> list[dict[str, Any]]:
+    """One row per arm x seed x split x phase (`runs`: each with arm, seed and `rates` as `before_after` gives),
+    then one per seed x split for the warm start at greedy decoding (arm `warmstart-greedy`, phase `before`), then
+    the seeds pooled (seed `all`: the counts summed, the interval over them)."""
+    rows: list[dict[str, Any]] = []
+
+    def add(arm: str, seed: int | str, split: str, phase: str, rate: dict[str, Any] | None) -> None:
+        if rate:
+            rows.append({"arm": arm, "seed": seed, "split": split, "phase": phase,
+                         **{name: rate[name] for name in ("resolved", "attempts", "rate", "low", "high")}})
+
+    for run in runs:
+        for phase in PHASES:
+            for split in SPLITS:
+                add(run["arm"], run["seed"], split, phase, (run.get("rates") or {}).get(phase, {}).get(split))
+    for warm in warmstarts:
+        for split in SPLITS:
+            add("warmstart-greedy", warm["seed"], split, "before", (warm.get("greedy") or {}).get(split))
+    pooled: dict[tuple[str, str, str], list[int]] = {}
+    for row in rows:
+        counts = pooled.setdefault((row["arm"], row["split"], row["phase"]), [0, 0, 0])
+        counts[0] += row["resolved"]
+        counts[1] += row["attempts"]
+        counts[2] += 1
+    for (arm, split, phase), (resolved, attempts, seeds) in pooled.items():
+        if seeds > 1:
+            add(arm, "all", split, phase, _rate(resolved, attempts, confidence))
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The table as text, one line per row, for a terminal or a note."""
+    header = f"{'arm':<18}{'seed':>5}  {'split':<6}{'phase':<8}{'resolved':>12}{'rate':>8}  interval"
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(f"{row['arm']:<18}{row['seed']!s:>5}  {row['split']:<6}{row['phase']:<8}"
+                     f"{row['resolved']:>6}/{row['attempts']:<5}{row['rate']:>8.3f}  [{row['low']:.3f}, {row['high']:.3f}]")
+    return "\n".join(lines)
+
+
+def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float = 0.95) -> Path:
+    """One panel per split: per arm, each seed's resolved rate before (hollow) and after (filled) RL with its
+    Wilson interval; the warm start at greedy decoding as its own column."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeded = [row for row in rows if row["seed"] != "all"]
+    arms = list(dict.fromkeys(row["arm"] for row in seeded))
+    seeds = sorted({row["seed"] for row in seeded}, key=str)
+    figure, axes = plt.subplots(1, len(SPLITS), figsize=(5 + 1.2 * len(arms), 4), sharey=True, squeeze=False)
+    width = 0.8 / max(1, 2 * len(seeds))
+    for axis, split in zip(axes[0], SPLITS, strict=True):
+        for arm_index, arm in enumerate(arms):
+            for seed_index, seed in enumerate(seeds):
+                for phase_index, phase in enumerate(PHASES):
+                    found = [row for row in seeded if (row["arm"], row["seed"], row["split"], row["phase"])
+                             == (arm, seed, split, phase)]
+                    if not found:
+                        continue
+                    row = found[0]
+                    x = arm_index - 0.4 + width * (2 * seed_index + phase_index + 0.5)
+                    axis.errorbar([x], [row["rate"]], yerr=[[row["rate"] - row["low"]], [row["high"] - row["rate"]]],
+                                  fmt="o", capsize=3, color=f"C{seed_index}",
+                                  markerfacecolor="white" if phase == "before" else f"C{seed_index}",
+                                  label=f"seed {seed} {phase}")
+        axis.set_xticks(range(len(arms)))
+        axis.set_xticklabels(arms, rotation=20, fontsize=8)
+        axis.set_title(f"{split} split" + (" (held out)" if split == "eval" else " (training tasks)"))
+        axis.set_ylim(-0.02, 1.02)
+        axis.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"resolved rate ({int(confidence * 100)}% Wilson interval)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    if unique:
+        axes[0][-1].legend(unique.values(), unique.keys(), loc="best", fontsize=7)
+    figure.suptitle("lego bench learn: before (hollow) and after (filled) RL, per arm and seed", fontsize=9)
+    figure.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+    return out

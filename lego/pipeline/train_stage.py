@@ -15,6 +15,7 @@ from lego.data import codec
 from lego.data.batches import iter_training_samples, training_batch_fields
 from lego.data.catalog import Catalog
 from lego.data.writer import DatasetWriter
+from lego.errors import LegoError
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
 from lego.pipeline.dataset_stage import read_advantages
 from lego.pipeline.policy import Policy
@@ -41,6 +42,9 @@ def training_batch(ctx: StageContext, dataset: StageResult):
         from lego.train.success_mass import success_mass_advantages
 
         fields["advantages"] = success_mass_advantages(samples)
+    elif ctx.config.train.adv_estimator == "rft":
+        # rejection-sampling fine-tuning: the likelihood of each resolved rollout, the others left out
+        fields["advantages"] = [1.0 if sample.reward > 0 else 0.0 for sample in samples]
     elif ctx.config.train.credit == "forks":
         from lego.train.credit import place_credit_at_forks
 
@@ -48,14 +52,56 @@ def training_batch(ctx: StageContext, dataset: StageResult):
     return TrainBatch(**fields)
 
 
-def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy) -> StageResult:
+def demonstration_samples(ctx: StageContext, warmstart: StageResult) -> list:
+    """The warm start's demonstrations graded resolved, as training samples (advantage 1): `train.adv_estimator:
+    sft` trains on them instead of the iteration's rollouts."""
+    data_run_id = warmstart.data["data_run_id"]
+    with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
+        resolved = catalog.rows("SELECT rollout_id FROM latest_outcomes WHERE run_id = ? AND kind = 'resolved'",
+                                [data_run_id])
+        rows = {row["rollout_id"]: {"advantage": 1.0, "reward": 1.0, "is_cheat": False, "policy_version": 0}
+                for row in resolved}
+        return list(iter_training_samples(catalog, data_run_id, 0, stage="warmstart", advantages=rows)) if rows else []
+
+
+def _fine_tune_on_demonstrations(ctx: StageContext, warmstart: StageResult | None, policy: Policy,
+                                 directory: Path) -> StageOutput:
+    """`train.adv_estimator: sft`: `train.epochs` full-batch supervised steps at `train.lr` on the demonstrations."""
+    from lego.config import WarmStartConfig
+    from lego.train.sft import fine_tune
+
+    if warmstart is None:
+        raise LegoError("train.adv_estimator sft continues the warm start's fine-tuning: set warmstart.enabled")
+    samples = demonstration_samples(ctx, warmstart)
+    settings = WarmStartConfig(enabled=True, steps=ctx.config.train.epochs, step_batch="all", lr=ctx.config.train.lr,
+                               grad_clip=ctx.config.train.grad_clip)
+    started = time.monotonic()
+    checkpoint, history = fine_tune(policy.path, samples, settings, directory / "checkpoint",
+                                    device=ctx.config.engine.device, seed=ctx.config.project.seed)
+    (directory / "metrics.json").write_text(json.dumps({"sft": True, STEPS_KEY: []}))
+    new_policy = Policy.from_path(checkpoint, key=f"train:{directory.name}")
+    metrics = {"trained": 1.0, "optimizer_steps": float(len(history)), "sequences": float(len(samples)),
+               "loss": history[-1]["loss"], "grad_norm": history[-1]["grad_norm"],
+               "learning_rate": history[-1]["learning_rate"], "seconds": time.monotonic() - started}
+    return StageOutput(metrics=metrics, outputs={"checkpoint": checkpoint, "train_metrics": directory / "metrics.json"},
+                       data={**new_policy.as_data(), "trained": True})
+
+
+def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy,
+                    warmstart: StageResult | None = None) -> StageResult:
+    """`warmstart`: the run's warm start, whose demonstrations `train.adv_estimator: sft` trains on."""
     iteration = dataset.iteration or 0
     inputs = {"dataset": dataset.key, "policy": policy.key, "train": ctx.config.section_dict("train"),
               "seed": ctx.config.project.seed, "device": ctx.config.engine.device}
+    sft = ctx.config.train.adv_estimator == "sft"
+    if sft and warmstart is not None:
+        inputs["demonstrations"] = warmstart.key
 
     def compute(directory: Path) -> StageOutput:
         from lego.train.trainer import Trainer
 
+        if sft:
+            return _fine_tune_on_demonstrations(ctx, warmstart, policy, directory)
         batch = training_batch(ctx, dataset)
         if batch is None:
             ctx.log(f"train/{iteration}: no rollout in the loss; the policy stays at version {policy.version}")

@@ -1,0 +1,205 @@
+"""`lego bench learn` with arms and seeds (lego/bench/learn.py, lego/pipeline/learning.py), cheaply: the family
+config loads and validates; each arm's overrides train as intended and share everything else; the `rft` and `sft`
+estimators reach the train stage; the table, intervals and plot from crafted manifests; and the bench's loop over
+arms and seeds with the child commands replaced by stand-ins that leave what a run leaves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from run_builders import Iteration, R, U, crafted_config, grade, store_rollouts
+
+from lego.bench import benchmark_options
+from lego.bench import learn as bench
+from lego.config import load_config
+from lego.evaluate.stats import wilson_interval
+from lego.pipeline.artifacts import StageContext, StageResult
+from lego.pipeline.dataset_stage import run_dataset_stage
+from lego.pipeline.learning import before_after, bench_table, format_table, learning_curve, plot_bench
+from lego.pipeline.manifest import RunManifest, save_manifest
+from lego.pipeline.policy import Policy
+from lego.pipeline.train_stage import run_train_stage, training_batch
+from lego.pipeline.verify_stage import outcome_metrics
+from lego.tasksets.family import parse_family_source
+from lego.workdir import WorkDir
+
+ARMS = ("sft", "rft", "grpo", "success_mass")
+
+
+def test_the_family_config_loads_and_validates():
+    config = load_config("family")
+    assert parse_family_source(config.tasks.source) == ("constants", 0)
+    # the warm start and RL see the training tasks, the held-out split is evaluated only
+    assert (config.tasks.split, config.tasks.eval_split) == ("train", "eval")
+    assert config.warmstart.enabled and config.eval.at_start and set(config.eval.splits) == {"train", "eval"}
+    assert config.eval.every == config.pipeline.iterations  # evaluated before RL and after the last iteration
+    assert config.sampling.max_tokens >= 204  # the longest gold reply of the family
+    assert config.filter.enabled is False and config.rollout.samples_per_task >= 2
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_each_arm_trains_with_its_estimator_and_shares_everything_else(arm, tmp_path):
+    config = load_config("family", bench.arm_overrides(arm, 2, tmp_path))
+    assert config.train.adv_estimator == arm
+    assert config.project.seed == 2 and config.project.work_dir == tmp_path / "seed-2"
+    reference = load_config("family", bench.arm_overrides("success_mass", 2, tmp_path))
+    # the same warm start (its cache key's settings), rollouts, evaluation and optimizer budget
+    for section in ("warmstart", "sampling", "rollout", "eval", "model", "tasks", "pipeline", "project"):
+        assert config.section_dict(section) == reference.section_dict(section), section
+    assert config.section_dict("train") == {**reference.section_dict("train"), "adv_estimator": arm}
+
+
+def test_the_bench_takes_arms_seeds_and_config_as_options():
+    options = benchmark_options("learn", bench.bench_learn,
+                                {"arms": "sft,grpo", "seeds": "0,1,2", "config": "family", "overrides": "a=1"})
+    assert options == {"arms": "sft,grpo", "seeds": "0,1,2", "config": "family", "overrides": "a=1"}
+    with pytest.raises(Exception, match="unknown arm"):
+        bench.arm_overrides("ppo", 0, Path("."))
+
+
+# ------------------------------------------------------------------------------ the new estimators in the train stage
+
+
+def dataset_of(tmp_path: Path, *overrides: str) -> tuple[StageContext, StageResult]:
+    config = crafted_config(tmp_path / "work", "train.router_replay=disabled", *overrides)
+    work = WorkDir.create(config.project.work_dir)
+    ctx = StageContext(config=config, work=work, run_id="arms", runner=None, log=lambda message: None)
+    kinds = [R, U, R, U]
+    rollouts = store_rollouts(work, "rollout-arms-0", 0, Iteration(kinds={"task-a": kinds}))
+    outcomes = grade(work, "rollout-arms-0", 0, rollouts, kinds, "verify-arms")
+    verify = StageResult(stage="verify", iteration=0, key="verify-arms", path=str(work.artifacts / "verify"),
+                         created_at="2026-01-01T00:00:00+00:00", metrics=outcome_metrics(outcomes),
+                         data={"data_run_id": "rollout-arms-0", "outcome_stage": "verify-arms"})
+    return ctx, run_dataset_stage(ctx, verify)
+
+
+def test_rft_trains_on_the_resolved_rollouts_with_advantage_one(tmp_path):
+    ctx, dataset = dataset_of(tmp_path, "train.adv_estimator=rft")
+    assert sorted(training_batch(ctx, dataset).advantages) == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_sft_fine_tunes_on_the_warm_starts_resolved_demonstrations(tmp_path, tiny_model_path):
+    ctx, dataset = dataset_of(tmp_path, "train.adv_estimator=sft", "train.epochs=2")
+    demonstrations = store_rollouts(ctx.work, "warmstart-arms", 0, Iteration(kinds={"task-a": [R], "task-b": [U]}),
+                                    stage="warmstart")
+    grade(ctx.work, "warmstart-arms", 0, demonstrations, [R, U], "warmstart-verify")
+    warmstart = StageResult(stage="warmstart", key="warm-arms", path=str(tmp_path / "warm"),
+                            data={"data_run_id": "warmstart-arms"})
+    with pytest.raises(Exception, match="warmstart.enabled"):
+        run_train_stage(ctx, dataset, Policy.from_path(tiny_model_path))
+    result = run_train_stage(ctx, dataset, Policy.from_path(tiny_model_path), warmstart)
+    assert result.data["trained"] and result.metrics["optimizer_steps"] == 2
+    assert result.metrics["sequences"] == 1  # the resolved demonstration only, not the rollouts
+    assert result.inputs["demonstrations"] == "warm-arms"
+    assert result.data["policy_version"] == Policy.from_path(tiny_model_path).version + 1
+
+
+# ------------------------------------------------------------------------------ the table, intervals and plot
+
+
+def _stage(stage: str, iteration: int | None, metrics: dict, data: dict | None = None) -> StageResult:
+    return StageResult(stage=stage, iteration=iteration, key=f"{stage}-{iteration}", path="/nowhere", metrics=metrics,
+                       data=data or {})
+
+
+def crafted_manifest(run_id: str, before: tuple[int, int], after: tuple[int, int], attempts: int = 8,
+                     policy: str = "/warm/checkpoint") -> RunManifest:
+    """A run as the pipeline leaves it: the baseline and the last evaluation, on the train (`train.`) and eval
+    splits, `before`/`after` = (train resolved, eval resolved) of `attempts` each."""
+    def split_metrics(resolved: tuple[int, int]) -> dict:
+        return {"resolved": resolved[1], "attempts": attempts, "train.resolved": resolved[0],
+                "train.attempts": attempts}
+
+    stages = [_stage("warmstart", None, {"steps": 40, "final_loss": 0.01, "resolved_demonstrations": 4,
+                                         "demonstrations": 4}, {"policy_path": policy}),
+              _stage("baseline", None, split_metrics(before)),
+              _stage("verify", 0, {"graded": 8, "outcome.resolved": 3}),
+              _stage("train", 0, {"optimizer_steps": 4, "loss": 0.5}),
+              _stage("verify", 1, {"graded": 8, "outcome.resolved": 5}),
+              _stage("train", 1, {"optimizer_steps": 4, "loss": 0.4}),
+              _stage("evaluate", 1, split_metrics(after))]
+    return RunManifest(run_id=run_id, created_at="2026-12-02T00:00:00+00:00",
+                       stages={result.label(): result for result in stages})
+
+
+def test_before_and_after_come_from_the_baseline_and_the_last_evaluation():
+    rates = before_after(learning_curve(crafted_manifest("r", before=(2, 0), after=(6, 1))))
+    assert {phase: {split: rate["resolved"] for split, rate in rates[phase].items()} for phase in rates} == \
+        {"before": {"train": 2, "eval": 0}, "after": {"train": 6, "eval": 1}}
+    low, high = wilson_interval(6, 8, 0.95)
+    assert rates["after"]["train"] == {"resolved": 6, "attempts": 8, "rate": 0.75, "low": low, "high": high}
+
+
+def test_the_table_has_a_row_per_arm_seed_split_and_phase_the_greedy_warm_start_and_pooled_seeds(tmp_path):
+    runs = [{"arm": arm, "seed": seed, "rates": before_after(learning_curve(
+        crafted_manifest(f"{arm}-{seed}", before=(2, 0), after=(2 + seed, seed))))}
+        for arm in ("grpo", "sft") for seed in (0, 1)]
+    greedy = {"train": {"resolved": 4, "attempts": 4, "rate": 1.0, "low": 0.5, "high": 1.0}, "eval": None}
+    rows = bench_table(runs, [{"seed": 0, "greedy": greedy}])
+    per_seed = [row for row in rows if row["seed"] != "all"]
+    assert len(per_seed) == 2 * 2 * 2 * 2 + 1
+    pooled = {(row["arm"], row["split"], row["phase"]): row for row in rows if row["seed"] == "all"}
+    assert len(pooled) == 2 * 2 * 2  # the greedy warm start has one seed: nothing to pool
+    assert (pooled["grpo", "eval", "after"]["resolved"], pooled["grpo", "eval", "after"]["attempts"]) == (1, 16)
+    assert (pooled["grpo", "eval", "after"]["low"], pooled["grpo", "eval", "after"]["high"]) == wilson_interval(1, 16)
+    text = format_table(rows)
+    assert "warmstart-greedy" in text and "[0.500, 1.000]" in text
+    png = plot_bench(rows, tmp_path / "arms.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monkeypatch):
+    """The loop over arms and seeds, with `lego run` and `lego eval` replaced by stand-ins that leave what they
+    leave: a manifest in the seed's work dir, an evaluation's JSON on stdout."""
+    base = tmp_path / "bench"
+    commands: list[list[str]] = []
+
+    def child(args: list[str], log: Path) -> tuple[int, str, float]:
+        commands.append(args)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("stand-in\n")
+        work_dir = [arg.split("=", 1)[1] for arg in args if arg.startswith("project.work_dir=")][-1]  # the last wins
+        if args[3] == "run":
+            arm = next(arg.split("=", 1)[1] for arg in args if arg.startswith("train.adv_estimator="))
+            save_manifest(WorkDir.create(work_dir), crafted_manifest(f"run-{arm}-{len(commands)}", (2, 0), (5, 1)))
+            return 0, "", 1.0
+        report = {"resolved": 3 if args[args.index("--split") + 1] == "train" else 0, "attempts": 8}
+        return 0, json.dumps({"harnesses": {"mini-swe-agent": {"report": report}}}), 1.0
+
+    monkeypatch.setattr(bench, "_child", child)
+    result = bench.bench_learn(None, None, config="family", arms="sft,grpo", seeds="0,1",
+                               overrides=f"project.work_dir={base} tasks.limit=2")
+    assert [args[3] for args in commands] == ["run", "eval", "eval", "run"] * 2
+    assert all("tasks.limit=2" in args for args in commands)
+    evals = [args for args in commands if args[3] == "eval"]
+    assert all("eval.temperature=0" in args and "/warm/checkpoint" in args for args in evals)
+    assert {(run["arm"], run["seed"]) for run in result["runs"]} == {("sft", 0), ("grpo", 0), ("sft", 1), ("grpo", 1)}
+    assert [warm["greedy"]["train"]["resolved"] for warm in result["warmstart"]] == [3, 3]
+    assert Path(result["plot"]).is_file() and Path(result["reports"], "learn_arms.json").is_file()
+    table = {(row["arm"], row["seed"], row["split"], row["phase"]): row["resolved"] for row in result["table"]}
+    assert table["grpo", 1, "eval", "after"] == 1 and table["warmstart-greedy", 0, "train", "before"] == 3
+    assert table["sft", "all", "train", "after"] == 10
+    assert result["warmstart_differs"] == []  # every arm of a seed started from the same warm start
+
+
+def test_the_bench_says_when_an_arm_did_not_start_from_the_seeds_warm_start(tmp_path, monkeypatch):
+    """A code edit between two runs of a seed (a shared working tree) changes the warm start's key."""
+    runs = iter(["warm-a", "warm-b"])
+
+    def child(args: list[str], log: Path) -> tuple[int, str, float]:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+        if args[3] == "eval":
+            return 1, "", 1.0
+        manifest = crafted_manifest(f"run-{len(log.name)}-{log.name}", (2, 0), (5, 1))
+        manifest.stages["warmstart"].key = next(runs)
+        work_dir = [arg.split("=", 1)[1] for arg in args if arg.startswith("project.work_dir=")][-1]
+        save_manifest(WorkDir.create(work_dir), manifest)
+        return 0, "", 1.0
+
+    monkeypatch.setattr(bench, "_child", child)
+    result = bench.bench_learn(None, None, config="family", arms="sft,grpo", seeds="0",
+                               overrides=f"project.work_dir={tmp_path}")
+    assert result["warmstart_differs"] == ["grpo seed 0"]
