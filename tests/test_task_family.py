@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import subprocess
+from types import SimpleNamespace
 
 import pytest
 
-from lego.tasksets.family import HELD_OUT_SPLIT, TRAIN_SPLIT, family_dir, family_tasks
-from lego.tasksets.gitutil import apply_patch, clone
+from lego.tasksets.family import HELD_OUT_SPLIT, TRAIN_SPLIT, family_dir, family_tasks, gold_command
+from lego.tasksets.gitutil import apply_patch, clone, diff, git
 from lego.tasksets.load import TaskSetError, load_tasks
 from lego.tasksets.testrun import PASSED, run_tests
 
@@ -76,6 +78,55 @@ def test_load_tasks_serves_the_family_by_split_from_the_cache(family_cache, monk
         load_tasks("family:nonsense", "train")
     with pytest.raises(TaskSetError, match="integer"):
         load_tasks("family:constants:x", "train")
+
+
+def _named(statement: str) -> tuple[str, str, int]:
+    """What a statement names: the file, the function (the backticked name that is no module or argument), the
+    value."""
+    (path,) = set(re.findall(r"appconf/\w+\.py", statement))
+    names = {name.rsplit(".", 1)[-1] for name in re.findall(r"`([\w.]+)`", statement)}
+    (function,) = names - {"count", "value", path.removeprefix("appconf/").removesuffix(".py")}
+    (value,) = {int(number) for number in re.findall(r"\d+", statement)}
+    return path, function, value
+
+
+def test_the_gold_command_is_written_from_the_statement_alone(tasks):
+    for task in tasks:
+        command, statement = task.provenance["gold_command"], task.problem_statement
+        path, function, value = _named(statement)
+        assert (path, function, value) == (f"appconf/{task.provenance['module']}.py", task.provenance["function"],
+                                           task.provenance["value"])
+        assert command == gold_command(path, function, value)  # a function of what the statement says, nothing else
+        words = set(re.findall(r"\w+", command.replace("[0-9][0-9]*", "")))
+        syntax = {"sed", "i", "def", "return", "s", "git", "diff"}  # the command's own, the same for every task
+        assert words - syntax <= set(re.findall(r"\w+", statement)), (task.instance_id, words - syntax)
+        assert str(task.provenance["wrong_value"]) not in words
+
+
+def test_the_gold_command_makes_exactly_the_gold_patch_in_every_task(tasks, tmp_path):
+    """Run in the task's repository at base_commit, each command leaves exactly the gold patch's tree: the diff
+    against base_commit is the gold patch, byte for byte (one host clone, no Docker)."""
+    repo = clone(tasks[0].environment.bundle, tmp_path / "constants")
+    for task in tasks:
+        git(repo, "checkout", "-q", "-f", "--detach", task.base_commit)
+        subprocess.run(["bash", "-c", task.provenance["gold_command"]], cwd=repo, check=True, capture_output=True)
+        assert diff(repo) == task.patch, task.instance_id
+
+
+def test_gold_engines_demonstrate_a_family_task_by_its_command_and_another_by_its_patch(tasks, monkeypatch):
+    import lego.engine.tokenizer
+    from lego.harness.base import apply_patch_command, get_harness
+    from lego.pipeline.attempts import gold_engines
+
+    monkeypatch.setattr(lego.engine.tokenizer, "load_tokenizer",
+                        lambda: SimpleNamespace(convert_tokens_to_ids=lambda token: 0))
+    config = SimpleNamespace(harness=SimpleNamespace(name="mini-swe-agent"))
+    engine_for, adapter = gold_engines(config, scorer=None), get_harness("mini-swe-agent")
+    family = tasks[-1]
+    assert engine_for(family).script == adapter.gold_replies(family.provenance["gold_command"])
+    bundled = load_tasks("bundled", "all").tasks[0]
+    assert "gold_command" not in bundled.provenance
+    assert engine_for(bundled).script == adapter.gold_replies(apply_patch_command(bundled.patch))
 
 
 def _statuses(task, tmp_path, patch: str) -> dict[str, str]:

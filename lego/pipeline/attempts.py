@@ -60,15 +60,25 @@ def harness_rollouts(ctx: StageContext, tasks: Sequence[Task], requests: Sequenc
             close()
 
 
+def gold_command(task: Task) -> str:
+    """The shell command a gold attempt runs: the task's own `provenance["gold_command"]` where it has one (a
+    generated family's fix written from its statement alone, lego.tasksets.family.gold_command, which a policy can
+    learn to write for a task it never saw), else applying the task's gold patch."""
+    from lego.harness.base import apply_patch_command
+
+    command = task.provenance.get("gold_command") if isinstance(task.provenance, dict) else None
+    return command if isinstance(command, str) and command.strip() else apply_patch_command(task.patch)
+
+
 def gold_engines(config: LegoConfig, scorer):
-    """A scripted engine per task that answers with the task's gold patch in the harness's own tools, its tokens
-    scored by `scorer` (the policy: real log-probs and routing)."""
+    """A scripted engine per task that answers with the task's gold solution (`gold_command`) in the harness's own
+    tools, its tokens scored by `scorer` (the policy: real log-probs and routing)."""
     from lego.engine.scripted import ScriptedEngine
     from lego.engine.tokenizer import load_tokenizer
-    from lego.harness.base import apply_patch_command, get_harness
+    from lego.harness.base import get_harness
 
     adapter, tokenizer = get_harness(config.harness.name), load_tokenizer()
-    return lambda task: ScriptedEngine(scorer, tokenizer, adapter.gold_replies(apply_patch_command(task.patch)))
+    return lambda task: ScriptedEngine(scorer, tokenizer, adapter.gold_replies(gold_command(task)))
 
 
 class ReportingWriter(DatasetWriter):

@@ -16,6 +16,10 @@ the right value (phrased from a few templates); the gold patch fixes that one li
 The whole family is one git repository: a pristine commit with the train modules, one on top adding the held-out
 modules, and one commit per task planting its bug; fixed dates make the hashes the same on every machine.
 
+Each task also carries `provenance["gold_command"]`: a shell command that makes the gold patch's change from what
+the statement names alone (`gold_command`); the warm start demonstrates it rather than the gold patch, which holds
+what no statement gives (the wrong value).
+
 Loaded by `lego.tasksets.load.load_tasks("family:constants")` (or "family:constants:SEED"); built once into the
 machine cache under a key of (name, seed, sizes, this file's source), so loading again is instant.
 """
@@ -188,6 +192,15 @@ def _statement(target: FamilyFunction, template: int) -> str:
                                         path=f"{PACKAGE}/{target.module}.py")
 
 
+def gold_command(path: str, function: str, value: int) -> str:
+    """The demonstration's fix, built only from what the statement names (the file, the function, the right value):
+    in `path`, on the lines from `def <function>(` to its return line, the integer becomes `value`. The gold patch
+    holds more than the statement gives (the wrong value, neighbouring lines, the line numbers `git apply` checks),
+    so a policy that learned to write it could not write a held-out task's fix; this command it can. It relies on
+    what the generator writes: a function's constant is the only number from its `def` line to its `return` line."""
+    return f"sed -i '/^def {function}(/,/^    return /s/[0-9][0-9]*/{value}/' {path} && git diff"
+
+
 def _task_row(repo: Path, plan: FamilyPlan, index: int, parents: dict[str, str], seed: int) -> dict:
     """Commit one task's bug on its own branch and return its row (the bundle path relative to tasks.jsonl)."""
     split, target, wrong, template = plan.tasks[index]
@@ -218,7 +231,10 @@ def _task_row(repo: Path, plan: FamilyPlan, index: int, parents: dict[str, str],
         environment={"kind": "bundle", "bundle": f"{REPOS_SUBDIR}/constants.bundle", "workdir": "/repo"},
         provenance={"source": "family", "family": "constants", "seed": seed, "module": target.module,
                     "function": target.name, "value": target.value, "wrong_value": wrong,
-                    "fixed_files": [module_file], "test_files": [FIX_TEST_FILE]},
+                    "fixed_files": [module_file], "test_files": [FIX_TEST_FILE],
+                    # The Task model has no field for a solution written as a command (only `patch`, a diff), so the
+                    # warm start's demonstrations take it from here (lego.pipeline.attempts.gold_command).
+                    "gold_command": gold_command(module_file, target.name, target.value)},
     ).model_dump(mode="json", exclude_none=True)
 
 
