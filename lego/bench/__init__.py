@@ -28,6 +28,7 @@ MODULES = {
     "r3": "lego.bench.r3",
     "learn": "lego.bench.learn",
     "train": "lego.bench.train",
+    "engine": "lego.bench.engine",
 }
 
 
