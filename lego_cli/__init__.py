@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lego.bench import MODULES as BENCHMARK_MODULES
 from lego.errors import LegoError
 
 console = Console(stderr=True)
@@ -775,12 +776,13 @@ def eval_command(
 
 @app.command()
 def bench(
-    name: Annotated[str, typer.Argument(help="Benchmark name: sandbox | decoys | proxy | dataset | rollout | r3 | train | learn")],
+    name: Annotated[str, typer.Argument(help="Benchmark name: " + " | ".join(BENCHMARK_MODULES))],
     config: ConfigOption = "default",
     overrides: Overrides = None,
     option: Annotated[list[str] | None, typer.Option(
         "--option", "-o", help="A benchmark's own knob, KEY=VALUE (repeatable), e.g. proxy: sessions, turns, rounds, "
-        "measure=instructions, profiles=DIR; rollout: harnesses=a,b; learn: run_config=NAME")] = None,
+        "measure=instructions, profiles=DIR; rollout: harnesses=a,b; learn: config=NAME, arms=sft,rft,grpo,"
+        "success_mass, seeds=0,1,2")] = None,
 ) -> None:
     """Run a benchmark and print its JSON result."""
     from lego.bench import run_benchmark
