@@ -25,14 +25,15 @@ ROLLOUTS_PER_HARNESS = 2
 async def _bench_harness(name: str, config: LegoConfig, work: WorkDir, engine_info, base_image: str,
                          scorer, tokenizer, task, verifier) -> dict[str, Any]:
     from lego.engine.scripted import ScriptedEngine
-    from lego.harness.base import apply_patch_command, get_harness
+    from lego.harness.base import get_harness
+    from lego.pipeline.attempts import gold_command
     from lego.rollout.attempt import run_rollout
     from lego.rollout.resources import rollout_resources
 
     rows = []
     wall_start = time.monotonic()
     for index in range(ROLLOUTS_PER_HARNESS):
-        engine = ScriptedEngine(scorer, tokenizer, get_harness(name).gold_replies(apply_patch_command(task.patch)))
+        engine = ScriptedEngine(scorer, tokenizer, get_harness(name).gold_replies(gold_command(task)))
         async with rollout_resources(config, work, engine, harness=name, docker_client=engine_info.client,
                                      docker_host=engine_info.base_url, base_image=base_image) as (adapter, resources):
             trajectory = await run_rollout(task, adapter, resources=resources, config=config,
