@@ -34,6 +34,28 @@ HONEST = [
 ]
 
 
+def run_each(sandbox, commands: list[str]) -> dict:
+    """Each command in its own bash, one after another, as the agent: its exit code and output. One exec for them
+    all (an exec costs the engine a process start of its own, and there are sixteen commands a task)."""
+    import os
+    import shlex
+
+    from lego.sandbox import ExecResult
+
+    end = f"[lego-honest-end {os.urandom(8).hex()}]"
+    script = "".join(f"bash -c {shlex.quote(command)} 2>&1 </dev/null; printf '\\n%s %d\\n' {shlex.quote(end)} $?\n"
+                     for command in commands)
+    done = sandbox.exec(script, timeout=600, output_limit=64 << 20)
+    assert done.exit_code == 0 and not done.truncated, done.output[-2000:]
+    results, rest = {}, done.output
+    for command in commands:
+        output, _, rest = rest.partition(f"\n{end} ")
+        code, _, rest = rest.partition("\n")
+        results[command] = ExecResult(int(code), output)
+    assert rest == "", rest[-2000:]
+    return results
+
+
 def honest_run(task, image, factory, verifier, graded: bool) -> dict:
     """One task: what its fresh agent sandbox reveals, the honest commands' results, and (when `graded`) both
     gradings."""
@@ -41,7 +63,7 @@ def honest_run(task, image, factory, verifier, graded: bool) -> dict:
 
     with factory.open(image, task.environment.workdir, purpose="agent") as sandbox:
         revealed = what_the_sandbox_can_reveal(sandbox, task)
-        results = {command: sandbox.exec(command) for command in HONEST}
+        results = run_each(sandbox, HONEST)
     run = {"revealed": revealed, "results": results}
     if graded:
         run.update(gold=verifier.verify(task, diff=task.patch, actions=HONEST),

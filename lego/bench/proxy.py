@@ -581,6 +581,22 @@ class CpuMeter:
         return 1000 * (server.ask("cpu") - self._started.pop(server.name))
 
 
+class _Unmetered:
+    """The warm-up's meter: nothing read, nothing switched (under callgrind, instrumentation stays off, and the
+    two callgrind_control calls a phase are spared)."""
+
+    key = "unmetered"
+
+    def start(self, server: _Child) -> None:
+        pass
+
+    def stop(self, server: _Child, label: str) -> float:
+        return 0.0
+
+
+UNMETERED = _Unmetered()
+
+
 class InstructionMeter:
     """Instructions a server executes over a phase, every thread, counted by valgrind's callgrind: the server runs
     under it with instrumentation off, switched on (counters zeroed) at `start`, off and dumped at `stop`."""
@@ -645,7 +661,7 @@ class InstructionMeter:
 
 
 def _run_target(target: str, servers: dict[str, _Child], client: _Child, shape: str, stream: bool,
-                sessions: int, turns: int, meter: CpuMeter | InstructionMeter) -> dict[str, Any]:
+                sessions: int, turns: int, meter: CpuMeter | InstructionMeter | _Unmetered) -> dict[str, Any]:
     server = servers["upstream" if target == "direct" else target]
     if target == "proxy":
         urls = server.ask("open", (shape, sessions))
@@ -760,8 +776,8 @@ def run_bench(sessions: int = 64, turns: int = 4, rounds: int = 7,
             results[name] = {"protocol": shape.protocol, "first_prompt_tokens": _count_tokens(tokenizer, shape),
                              "first_request_kb": round(len(Conversation(shape, "", False).request()[1]) / 1024, 1)}
             for stream in modes:
-                for target in targets:  # warm-up: connections, caches, the proxy's shared prefix
-                    _run_target(target, servers, client, name, stream, min(sessions, 4), min(turns, 2), meter)
+                for target in targets:  # warm-up: connections, caches, the proxy's shared prefix (not measured)
+                    _run_target(target, servers, client, name, stream, min(sessions, 4), min(turns, 2), UNMETERED)
                 per_round = []
                 for _ in range(rounds):
                     per_round.append({target: _run_target(target, servers, client, name, stream, sessions, turns,
