@@ -818,9 +818,7 @@ def test_no_site_stands_where_a_correct_fix_may_not_go():
               "    if not more():\n"
               "        return\n"
               "    assert tail() == 11\n")
-    module = ast.parse("import pytest\n\n\n" + source)
-    nodes = list(ast.walk(find_function(module, None, "test_reach")))
-    shown = [ast.unparse(nodes[index]) for index, _ in find_sites(module, NodeId.parse(f"{PATH}::test_reach"))]
+    shown = [text for _, text in sites("import pytest\n\n\n" + source, "test_reach")]
     for reached in ("9", "10", "20", "6", "43", "12", "13"):
         assert reached in shown, (reached, shown)
     for skipped in ("1", "41", "2", "3", "4", "5", "7", "8", "11"):
@@ -873,9 +871,7 @@ def test_a_handler_is_a_site_where_the_test_expects_its_exception():
               "        assert str(e) == 'no 9'\n"
               "    except ValueError as e:\n"
               "        assert str(e) == 'no 10'\n")
-    module = ast.parse("import pytest\n\n\n" + source)
-    nodes = list(ast.walk(find_function(module, None, "test_paths")))
-    shown = [ast.unparse(nodes[index]) for index, _ in find_sites(module, NodeId.parse(f"{PATH}::test_paths"))]
+    shown = [text for _, text in sites("import pytest\n\n\n" + source, "test_paths")]
     for reached in ("'expected 1'", "'expected 2'", "3", "11"):
         assert reached in shown, (reached, shown)
     for skipped in ("4", "'no 4'", "'no 5'", "6", "'no 7'", "'no 9'", "'no 10'"):

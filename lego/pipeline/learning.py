@@ -104,12 +104,7 @@ def plot_learning_curve(curve: dict[str, Any], path: str | Path) -> Path:
     axis.set_title(f"learning curve of run {curve['run_id']} ({int(curve['confidence'] * 100)}% Wilson intervals)")
     axis.grid(alpha=0.3)
     axis.legend(loc="best", fontsize=8)
-    figure.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
-    return out
+    return _save(figure, path)
 
 
 def _verdict(curve: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -232,6 +227,12 @@ def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float =
     if unique:
         axes[0][-1].legend(unique.values(), unique.keys(), loc="best", fontsize=7)
     figure.suptitle("lego bench learn: before (hollow) and after (filled) RL, per arm and seed", fontsize=9)
+    return _save(figure, path)
+
+
+def _save(figure, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
