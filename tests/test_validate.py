@@ -81,3 +81,19 @@ def test_cli_writes_a_report_and_exits_nonzero_on_a_broken_task(calc_task, tmp_p
     result = CliRunner().invoke(app, ["tasks", "validate", "-c", "test", "--runs", "1", f"tasks.source={ok}",
                                       *overrides[1:]])
     assert result.exit_code == 0, result.output
+
+
+def test_a_decoy_plan_that_cannot_be_made_is_that_tasks_error_and_not_the_commands(calc_task):
+    """A plan whose gold runs ran past verify.timeout_s (a loaded machine, a slow suite) is reported on its task's
+    row; `lego tasks validate` goes on with the other tasks instead of ending in a traceback."""
+    from types import SimpleNamespace
+
+    from lego.verify.grading import InfraFailure
+    from lego.verify.validate import coverage_or_error
+
+    def plan(task):
+        raise InfraFailure("verifier_timeout", "the decoy plan's gold runs ran past verify.timeout_s (full)")
+
+    verifier = SimpleNamespace(pytest_grading=SimpleNamespace(decoy_plan=plan), config=SimpleNamespace(decoys_per_test=2))
+    found = coverage_or_error(verifier, calc_task)
+    assert found == {"error": "InfraFailure: the decoy plan's gold runs ran past verify.timeout_s (full)"}

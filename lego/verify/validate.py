@@ -153,6 +153,15 @@ def decoy_coverage(verifier: Verifier, task: Task) -> dict:
             "plan": plan.reason}
 
 
+def coverage_or_error(verifier: Verifier, task: Task) -> dict:
+    """`decoy_coverage`, or why the task's plan could not be made (an engine error, a gold run past
+    verify.timeout_s): that task's row says so and the other tasks go on."""
+    try:
+        return decoy_coverage(verifier, task)
+    except (InfraFailure, LegoError, DockerException, OSError) as exc:
+        return {"error": f"{type(exc).__name__}: {tail(str(exc))}"}
+
+
 def _prepare_images(verifier: Verifier, tasks: list[Task]) -> dict[str, str]:
     """Build each task image once, one at a time (tasks sharing an image would race); image errors by task."""
     errors = {}
@@ -233,13 +242,10 @@ def validate_tasks(verifier: Verifier, tasks: Iterable[Task], runs: int = 3, con
         # Each task's decoys first (once, under its gold patch): the gradings that follow draw from them.
         planned = [task for task in tasks if task.instance_id not in image_errors and not is_harbor_task(task)]
         decoy_bar = progress.add_task("decoys", total=len(planned))
-        plans = {pool.submit(decoy_coverage, verifier, task): task.instance_id for task in planned}
+        plans = {pool.submit(coverage_or_error, verifier, task): task.instance_id for task in planned}
         for future in as_completed(plans):
             instance_id = plans[future]
-            try:
-                results[instance_id].decoys = future.result()
-            except (LegoError, DockerException, OSError) as exc:
-                results[instance_id].decoys = {"error": f"{type(exc).__name__}: {tail(str(exc))}"}
+            results[instance_id].decoys = future.result()
             progress.update(decoy_bar, advance=1, description=f"{instance_id} decoys")
         bar = progress.add_task("", total=len(jobs))
         futures = {pool.submit(grade, task, patch): (task.instance_id, patch) for task, patch, _ in jobs}
