@@ -15,6 +15,11 @@ from lego.config import LegoConfig
 from lego.errors import LegoError
 from lego.workdir import WorkDir
 
+
+class BenchError(LegoError):
+    """A bench process failed or did not answer; the message says which and why."""
+
+
 Benchmark = Callable[[LegoConfig, WorkDir], dict[str, Any]]
 BENCHMARKS: dict[str, Benchmark] = {}
 # name -> module that registers it (imported lazily: benchmarks pull heavy dependencies)

@@ -42,10 +42,7 @@ import math
 import multiprocessing
 import os
 import random
-import shlex
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,10 +51,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lego.bench import register
+from lego.bench import BenchError, register
+from lego.bench.proxy_meters import UNMETERED, CpuMeter, InstructionMeter, Unmetered
 from lego.config import LegoConfig
 from lego.engine.base import GenerateResult, SamplingParams, TokenChunk
-from lego.errors import LegoError
 from lego.workdir import WorkDir
 
 MEASURES = ("cpu", "instructions")
@@ -70,10 +67,6 @@ STREAM_PIECE_CHARS = 14  # characters per event the upstream streams (about as m
 # the tools' own vocabulary, which the sessions of a rollout group share.
 FRESH_WORDS = 0.01
 START_TIMEOUT_S = 120.0
-
-
-class BenchError(LegoError):
-    """A bench process failed or did not answer; the message says which and why."""
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -563,105 +556,8 @@ def _latency(values: list[float]) -> dict[str, float]:
             "p90_ms": round(1000 * ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)], 3)}
 
 
-class CpuMeter:
-    """A server's CPU time (every thread of its process) over a phase, as the server itself reads it."""
-
-    key = "cpu_ms_per_call"
-
-    def __init__(self) -> None:
-        self._started: dict[str, float] = {}
-
-    def executable(self, name: str) -> str | None:
-        return None
-
-    def start(self, server: _Child) -> None:
-        self._started[server.name] = server.ask("cpu")
-
-    def stop(self, server: _Child, label: str) -> float:
-        return 1000 * (server.ask("cpu") - self._started.pop(server.name))
-
-
-class _Unmetered:
-    """The warm-up's meter: nothing read, nothing switched (under callgrind, instrumentation stays off, and the
-    two callgrind_control calls a phase are spared)."""
-
-    key = "unmetered"
-
-    def start(self, server: _Child) -> None:
-        pass
-
-    def stop(self, server: _Child, label: str) -> float:
-        return 0.0
-
-
-UNMETERED = _Unmetered()
-
-
-class InstructionMeter:
-    """Instructions a server executes over a phase, every thread, counted by valgrind's callgrind: the server runs
-    under it with instrumentation off, switched on (counters zeroed) at `start`, off and dumped at `stop`."""
-
-    key = "instructions_per_call"
-    TOOLS = ("valgrind", "callgrind_control")
-
-    def __init__(self, directory: Path, keep_in: Path | None = None) -> None:
-        missing = [tool for tool in self.TOOLS if shutil.which(tool) is None]
-        if missing:
-            raise BenchError(f"measure=instructions needs valgrind's callgrind ({', '.join(missing)} not "
-                             "found): install valgrind (apt-get install valgrind) or measure cpu time (the default)")
-        self.directory, self.keep_in = directory, keep_in
-        python = sys.executable
-        with open(python, "rb") as binary:
-            if binary.read(2) == b"#!":  # a launcher script (pyenv's shim): valgrind would count the shell
-                raise BenchError(f"{python} is a script, not the Python binary; run the bench with a virtual "
-                                 "environment's or the installed interpreter")
-        # PYTHONHASHSEED fixed: string hashes decide dict probe lengths, so a random seed moves the count a little
-        self._wrapper = directory / "python-under-callgrind"
-        self._wrapper.write_text(
-            "#!/bin/sh\nPYTHONHASHSEED=0 exec valgrind --tool=callgrind --instr-atstart=no -q "
-            f"--callgrind-out-file={shlex.quote(str(directory))}/callgrind.%p {shlex.quote(python)} \"$@\"\n")
-        self._wrapper.chmod(0o755)
-
-    def executable(self, name: str) -> str | None:
-        return str(self._wrapper) if name in ("passthrough", "proxy") else None
-
-    def _control(self, server: _Child, *arguments: str) -> None:
-        pid = str(server.process.pid)  # (the wrapper execs valgrind, which runs Python in its own process)
-        try:
-            done = subprocess.run(["callgrind_control", *arguments, pid], capture_output=True, text=True,
-                                  timeout=300)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"callgrind_control {' '.join(arguments)} did not answer for the {server.name} "
-                             "process within 300 s") from None
-        if done.returncode != 0 or "OK" not in done.stdout:
-            raise BenchError(f"callgrind_control {' '.join(arguments)} failed for the {server.name} process "
-                             f"(valgrind needs ptrace to reach a waiting process): {done.stdout}{done.stderr}")
-
-    def start(self, server: _Child) -> None:
-        self._control(server, "--zero")
-        self._control(server, "--instr=on")
-
-    def stop(self, server: _Child, label: str) -> float:
-        self._control(server, "--instr=off")
-        self._control(server, "--dump")
-        dumps = sorted(self.directory.glob(f"callgrind.{server.process.pid}.*"),
-                       key=lambda path: int(path.suffix[1:]) if path.suffix[1:].isdigit() else -1)
-        if not dumps:
-            raise BenchError(f"callgrind wrote no dump for the {server.name} process in {self.directory}")
-        text = dumps[-1].read_text(errors="replace")
-        if self.keep_in is not None:
-            self.keep_in.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(dumps[-1], self.keep_in / f"{server.name}-{label}.callgrind")
-        for path in dumps:
-            path.unlink()
-        for line in text.splitlines():
-            if line.startswith("totals:"):
-                return float(line.split()[1])
-        raise BenchError(f"callgrind's dump for the {server.name} process has no totals line")
-
-
 def _run_target(target: str, servers: dict[str, _Child], client: _Child, shape: str, stream: bool,
-                sessions: int, turns: int, meter: CpuMeter | InstructionMeter | _Unmetered) -> dict[str, Any]:
+                sessions: int, turns: int, meter: CpuMeter | InstructionMeter | Unmetered) -> dict[str, Any]:
     server = servers["upstream" if target == "direct" else target]
     if target == "proxy":
         urls = server.ask("open", (shape, sessions))
