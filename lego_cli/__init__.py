@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -15,6 +15,9 @@ from rich.table import Table
 
 from lego.bench import MODULES as BENCHMARK_MODULES
 from lego.errors import LegoError
+
+if TYPE_CHECKING:
+    from lego.pipeline.evaluation import PolicyEvaluation
 
 console = Console(stderr=True)
 app = typer.Typer(
@@ -743,9 +746,23 @@ def eval_command(
             progress.close()
     tracker = Tracker(cfg, work)
     track_evaluation(tracker, eval_id, evaluation, keys, work.root / "reports" / eval_id)
-    table = Table(title=f"{eval_id}: policy {chosen.label}, temperature {evaluation.temperature:g}, "
+    table = _evaluation_table(eval_id, chosen.label, evaluation, cfg.eval.confidence)
+    if not as_json:
+        Console().print(table)
+    for name, result in evaluation.harnesses.items():
+        console.print(f"{name}: {escape(result.report.headline())}")
+    console.print(f"MLflow: {tracker.uri} (run {eval_id}); side by side: lego compare --run {eval_id}")
+    if as_json:
+        print(evaluation.model_dump_json(indent=2))
+    if not evaluation.covered:
+        raise typer.Exit(1)
+
+
+def _evaluation_table(eval_id: str, label: str, evaluation: PolicyEvaluation, confidence: float) -> Table:
+    """Resolved counts, rates and intervals per harness, and per repo under each."""
+    table = Table(title=f"{eval_id}: policy {label}, temperature {evaluation.temperature:g}, "
                         f"{evaluation.samples_per_task} attempt(s) per task")
-    for column in ("harness", "repo", "resolved", "rate", f"{cfg.eval.confidence:.0%} interval", "coverage",
+    for column in ("harness", "repo", "resolved", "rate", f"{confidence:.0%} interval", "coverage",
                    "infra failures"):
         table.add_column(column)
     for name, result in evaluation.harnesses.items():
@@ -763,15 +780,7 @@ def eval_command(
                           f"{counts.resolved_rate:.1%}" if shown else "-",
                           f"[{counts.resolved_low:.1%}, {counts.resolved_high:.1%}]" if shown else "-", "",
                           str(counts.infra_errors))
-    if not as_json:
-        Console().print(table)
-    for name, result in evaluation.harnesses.items():
-        console.print(f"{name}: {escape(result.report.headline())}")
-    console.print(f"MLflow: {tracker.uri} (run {eval_id}); side by side: lego compare --run {eval_id}")
-    if as_json:
-        print(evaluation.model_dump_json(indent=2))
-    if not evaluation.covered:
-        raise typer.Exit(1)
+    return table
 
 
 @app.command()

@@ -141,17 +141,15 @@ def test_an_agent_that_fills_the_scratch_space_still_gets_its_diff(agent_sandbox
 # ---------------------------------------------------------------------------------------------- patch size
 
 
-def test_a_70_mib_diff_is_refused_quickly_without_being_transferred(agent_sandbox, lego_config):
+def test_a_70_mib_diff_is_refused_at_the_cap(agent_sandbox, lego_config):
     from lego.sandbox import PatchTooLarge
 
     cap = lego_config.verify.max_patch_bytes
     assert cap <= 8 << 20
     act(agent_sandbox, [FIX, "head -c $((70 << 20)) /dev/urandom > blob.bin"])
-    started = time.monotonic()
     with pytest.raises(PatchTooLarge) as raised:
         agent_sandbox.diff(cap)
     assert raised.value.cap == cap
-    assert time.monotonic() - started < 60
 
 
 def test_a_diff_one_byte_over_the_cap_is_refused_and_one_at_the_cap_is_whole(agent_sandbox):
