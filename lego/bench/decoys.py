@@ -23,24 +23,32 @@ from lego.workdir import WorkDir
 DRAWS_PER_TASK = 200
 
 
-def _functions(source: str) -> dict[str, ast.AST]:
-    module = ast.parse(source)
-    found: dict[str, ast.AST] = {}
-    for node in ast.walk(module):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            found[node.name] = node
-    return found
+class _Module:
+    """One rewritten module as a forger reads it, parsed once for all its groups."""
 
+    def __init__(self, source: str) -> None:
+        self.source = source
+        module = ast.parse(source)
+        self.functions: dict[str, ast.AST] = {}
+        for node in ast.walk(module):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                self.functions[node.name] = node
+        self.function_text = {name: ast.unparse(fn) for name, fn in self.functions.items()}
+        self.module_text = "\n".join(ast.unparse(node) for node in module.body
+                                     if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef))
+        self._by_name: dict[str, list[ast.AST]] = {}
+        for node in ast.walk(module):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                self._by_name.setdefault(node.name, []).append(node)
 
-def _mentions_outside(source: str, group: set[str]) -> Counter:
-    """How often each literal or name appears in the module outside the group's functions (what a forger can
-    cross-read)."""
-    from lego.verify.decoys import mentions_outside
+    def mentions_outside(self, group: set[str]) -> Counter:
+        """How often each literal or name appears outside the group's functions (what a forger can cross-read)."""
+        from lego.verify.decoys import mentions_outside
 
-    module = ast.parse(source)
-    inside = {id(node) for fn in ast.walk(module) if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
-              and fn.name in group for node in ast.walk(fn)}
-    return mentions_outside(module, inside)
+        return mentions_outside(self.source, [fn for name in group for fn in self._by_name.get(name, [])])
+
+    def other_text(self, group: set[str]) -> str:
+        return "\n".join(text for name, text in self.function_text.items() if name not in group) + self.module_text
 
 
 def _site_text(function: ast.AST, site: int) -> str:
@@ -100,20 +108,21 @@ def strategy_hits(layout, tests: list[str], rng: random.Random) -> list[tuple[st
     from lego.verify.decoys import NodeId
 
     judged = []
+    modules: dict[str, _Module] = {}
     for test in tests:
         decoys = layout.decoys_of(test)
         if not decoys or test not in layout.real:
             continue
         path = test.split("::")[0]
-        functions = _functions(layout.files[path])
+        if path not in modules:
+            modules[path] = _Module(layout.files[path])
+        module = modules[path]
         member = layout.members[decoys[0]]
         names = [NodeId.parse(layout.real[test]).name, *(NodeId.parse(d).name for d in decoys)]
-        texts = {name: _site_text(functions[name], member.site) for name in names}
-        order = [n for n in functions if n in names]
-        mentions = _mentions_outside(layout.files[path], set(names))
-        other_text = "\n".join(ast.unparse(fn) for name, fn in functions.items() if name not in names)
-        other_text += "\n".join(ast.unparse(node) for node in ast.parse(layout.files[path]).body
-                                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef))
+        texts = {name: _site_text(module.functions[name], member.site) for name in names}
+        order = [n for n in module.functions if n in names]
+        mentions = module.mentions_outside(set(names))
+        other_text = module.other_text(set(names))
         picks = guesses(names, texts, order, mentions, other_text, rng, member.kind)
         judged.append((member.kind, len(decoys), {name: int(pick == names[0]) for name, pick in picks.items()}))
     return judged

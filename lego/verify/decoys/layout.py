@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import random
 import secrets
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from lego.verify.decoys.model import (
@@ -190,17 +192,28 @@ class DecoyLayout:
         return [decoy for decoy, original in self.decoys.items() if original == test]
 
 
-def mentions_outside(module: ast.Module, inside: set[int]) -> Counter:
-    """How often each literal and name (imported names included) appears in the module outside the nodes `inside`."""
+def literal_counts(nodes: Iterable[ast.AST]) -> Counter:
+    """How often each literal and name (imported names included) appears among `nodes`."""
     counts: Counter = Counter()
-    for node in ast.walk(module):
-        if id(node) in inside:
-            continue
+    for node in nodes:
         if isinstance(node, ast.Constant | ast.Name):
             counts[ast.unparse(node)] += 1
         elif isinstance(node, ast.alias):
             counts[node.asname or node.name.rsplit(".", 1)[-1]] += 1
     return counts
+
+
+@functools.lru_cache(maxsize=64)
+def _module_literal_counts(source: str) -> Counter:
+    """A module's counts, once per source: every group of a module is judged against the same rest."""
+    return literal_counts(ast.walk(parse_python(source)))
+
+
+def mentions_outside(source: str, inside: Iterable[ast.AST]) -> Counter:
+    """How often each literal and name appears in the module `source` outside the subtrees `inside` (nodes of that
+    source's tree), counted without walking the module again for each group."""
+    nodes = {id(node): node for root in inside for node in ast.walk(root)}
+    return _module_literal_counts(source) - literal_counts(nodes.values())
 
 
 @dataclass
@@ -228,7 +241,7 @@ class _Context:
         start = min([function.lineno, *(d.lineno for d in function.decorator_list)])
         lines = source.splitlines()
         rest_text = "\n".join(lines[:start - 1] + lines[function.end_lineno:])
-        return cls(function, rest_text, mentions_outside(module, {id(node) for node in ast.walk(function)}))
+        return cls(function, rest_text, mentions_outside(source, [function]))
 
     def profile(self, text: str, kind: str) -> tuple:
         if kind == "exception":
