@@ -25,14 +25,14 @@ def demonstration(index: int) -> TrainingSample:
 
 def test_fine_tuning_stops_at_the_first_pass_whose_mean_loss_reaches_the_target(tiny_model_path, tmp_path):
     samples = [demonstration(0), demonstration(1)]
-    _, fixed = fine_tune(tiny_model_path, samples, WarmStartConfig(steps=24, lr=1e-2), tmp_path / "fixed")
-    assert len(fixed) == 24
+    _, fixed = fine_tune(tiny_model_path, samples, WarmStartConfig(steps=12, lr=1e-2), tmp_path / "fixed")
+    assert len(fixed) == 12
     losses = [step["loss"] for step in fixed]
-    passes = [(losses[i] + losses[i + 1]) / 2 for i in range(0, 24, 2)]
+    passes = [(losses[i] + losses[i + 1]) / 2 for i in range(0, 12, 2)]
     target = passes[len(passes) // 2]  # reached halfway (or earlier) by the same seeded run
     first = next(i for i, loss in enumerate(passes) if loss <= target)
     assert first < len(passes) - 1
-    checkpoint, stopped = fine_tune(tiny_model_path, samples, WarmStartConfig(steps=24, lr=1e-2, stop_at_loss=target),
+    checkpoint, stopped = fine_tune(tiny_model_path, samples, WarmStartConfig(steps=12, lr=1e-2, stop_at_loss=target),
                                     tmp_path / "stopped")
     assert len(stopped) == 2 * (first + 1)  # whole passes only
     np.testing.assert_allclose([step["loss"] for step in stopped], losses[:len(stopped)], rtol=1e-4)
