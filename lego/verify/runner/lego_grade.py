@@ -484,8 +484,11 @@ def main() -> None:
                           patched_lines=spec.get("patched_lines") or None, pristine_root=pristine)
     ctx = {"guard": guard, "fingerprints": fingerprints, "plugin_module": plugin_module, "tamper": tamper, "finder": finder, "sources": sources,
            "operand_ignored": operand_ignored}
+    # One line per failure, after the task's own arguments: decoys fail by design, and pytest's long and short
+    # tracebacks parse each frame's whole module again (a decoy-laden test file, per frame, per failure), which
+    # made a plan's gold runs on a suite with deep tracebacks (schema's) nearly all traceback formatting.
     base_args = ["-p", "no:cacheprovider", "-rA", *sum((["-p", m] for m in report["plugins"]), []),
-                 *spec.get("pytest_args", [])]
+                 *spec.get("pytest_args", []), "--tb=line"]
     ctx["protected"] = protected_files(repo, test_args, spec.get("protected", []))
     ctx["protected_state"] = file_state(ctx["protected"])
     tamper.install()
