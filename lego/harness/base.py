@@ -17,6 +17,7 @@ In the sandbox the harness runs as the unprivileged agent user (lego.sandbox.doc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,9 +136,82 @@ GOLD_PATCH_FILE = "/tmp/lego-gold.patch"
 
 
 def apply_patch_command(patch: str) -> str:
-    """One shell command that applies `patch` in the repository (the shortest action that solves a task)."""
+    """One shell command that applies `patch` in the repository, whatever it changes."""
     return (f"cat > {GOLD_PATCH_FILE} <<'LEGO_GOLD_EOF'\n{patch}LEGO_GOLD_EOF\n"
             f"git apply {GOLD_PATCH_FILE} && rm {GOLD_PATCH_FILE} && git status --short")
+
+
+_HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
+
+
+def line_edit_command(patch: str) -> str | None:
+    """`sed -i` edits by line number that make `patch`'s change: only the lines it writes, not its context, so a
+    demonstration of it is a third of `apply_patch_command`'s tokens (what a warm start fits, and what a rollout
+    samples). None when the patch does more than edit lines of existing text files (a new, deleted or renamed file,
+    a binary, a missing final newline): `apply_patch_command` does that."""
+    if "\\ No newline" in patch or "\nGIT binary patch" in patch:
+        return None
+    edits: dict[str, list[str]] = {}
+    path, old_line, block = None, 0, None  # block: [first old line, lines removed, lines added]
+
+    def close_block() -> None:
+        nonlocal block
+        if block is not None and path is not None:
+            edits[path].append(_sed_edit(*block))
+        block = None
+
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            close_block()
+            path = None
+        elif line.startswith(("new file", "deleted file", "rename ", "copy ", "old mode", "new mode", "Binary")):
+            return None
+        elif line.startswith("--- "):
+            close_block()
+        elif line.startswith("+++ "):
+            if not line.startswith("+++ b/"):
+                return None
+            path = line[len("+++ b/"):]
+            edits.setdefault(path, [])
+        elif line.startswith("@@"):
+            close_block()
+            match = _HUNK.match(line)
+            if match is None or path is None:
+                return None
+            old_line = int(match.group(1)) if match.group(2) != "0" else int(match.group(1)) + 1
+        elif path is None or line.startswith("index "):
+            continue
+        elif line.startswith("-"):
+            block = block or [old_line, 0, []]
+            block[1] += 1
+            old_line += 1
+        elif line.startswith("+"):
+            block = block or [old_line, 0, []]
+            block[2].append(line[1:])
+        else:  # context
+            close_block()
+            old_line += 1
+    close_block()
+    if not edits or not all(edits.values()):
+        return None
+    return " && ".join("sed -i " + " ".join(f"-e {_shell_quote(edit)}" for edit in file_edits) + f" {_shell_quote(p)}"
+                       for p, file_edits in edits.items())
+
+
+def _sed_edit(first: int, removed: int, added: list[str]) -> str:
+    """One sed command: lines first..first+removed-1 changed to `added`, or deleted; or `added` inserted before
+    line `first`, that is after line first-1, which also holds where `first` is past the file's end (all numbers
+    are the original file's: one sed pass reads them before any edit)."""
+    if not added:
+        return f"{first},{first + removed - 1}d"
+    text = "\\\n".join(line.replace("\\", "\\\\") for line in added)
+    if removed:
+        return f"{first},{first + removed - 1}c\\\n{text}"
+    return f"{first - 1}a\\\n{text}" if first > 1 else f"1i\\\n{text}"
+
+
+def _shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 # The harnesses: name -> "module:class" of its adapter. The module is imported on first use, so that a harness's

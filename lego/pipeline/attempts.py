@@ -63,11 +63,14 @@ def harness_rollouts(ctx: StageContext, tasks: Sequence[Task], requests: Sequenc
 def gold_command(task: Task) -> str:
     """The shell command a gold attempt runs: the task's own `provenance["gold_command"]` where it has one (a
     generated family's fix written from its statement alone, lego.tasksets.family.gold_command, which a policy can
-    learn to write for a task it never saw), else applying the task's gold patch."""
-    from lego.harness.base import apply_patch_command
+    learn to write for a task it never saw), else the gold patch's lines edited by number, else the gold patch
+    applied whole."""
+    from lego.harness.base import apply_patch_command, line_edit_command
 
     command = task.provenance.get("gold_command") if isinstance(task.provenance, dict) else None
-    return command if isinstance(command, str) and command.strip() else apply_patch_command(task.patch)
+    if isinstance(command, str) and command.strip():
+        return command
+    return line_edit_command(task.patch) or apply_patch_command(task.patch)
 
 
 def gold_engines(config: LegoConfig, scorer):
