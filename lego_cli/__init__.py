@@ -699,16 +699,7 @@ def eval_command(
     import contextlib
 
     from lego.pipeline.artifacts import StageContext
-    from lego.pipeline.evaluation import (
-        EvalError,
-        checkpoint_policy,
-        eval_tasks,
-        harness_config,
-        new_eval_id,
-        run_eval,
-        run_policy,
-        scripted_policy,
-    )
+    from lego.pipeline.evaluation import EvalError, eval_tasks, harness_config, new_eval_id, run_eval
     from lego.pipeline.evaluation_tracking import track_evaluation
     from lego.pipeline.progress import RunProgress
     from lego.pipeline.runners import load_runner
@@ -727,14 +718,7 @@ def eval_command(
     with contextlib.ExitStack() as stack:
         if cfg.pipeline.runner is None:
             stack.enter_context(_embedded_setup(cfg, work))
-        if run is not None:
-            chosen = run_policy(work, run, policy_version)
-        elif policy in ("gold", "empty"):
-            chosen = scripted_policy(policy, cfg, work)
-        else:
-            from lego.engine.checkpoint import default_model_path
-
-            chosen = checkpoint_policy(policy or default_model_path(cfg, work))
+        chosen = _evaluated_policy(cfg, work, policy, run, policy_version)
         console.print(f"[bold]lego eval[/] {eval_id}: policy {chosen.label} ({chosen.source}) on {len(tasks)} "
                       f"task(s) with {', '.join(harnesses)}")
         progress = RunProgress(console.print)
@@ -756,6 +740,19 @@ def eval_command(
         print(evaluation.model_dump_json(indent=2))
     if not evaluation.covered:
         raise typer.Exit(1)
+
+
+def _evaluated_policy(cfg, work, policy: str | None, run: str | None, policy_version: int | None):
+    """The policy `lego eval` evaluates: a run's version, a scripted one (gold, empty), or a checkpoint."""
+    from lego.pipeline.evaluation import checkpoint_policy, run_policy, scripted_policy
+
+    if run is not None:
+        return run_policy(work, run, policy_version)
+    if policy in ("gold", "empty"):
+        return scripted_policy(policy, cfg, work)
+    from lego.engine.checkpoint import default_model_path
+
+    return checkpoint_policy(policy or default_model_path(cfg, work))
 
 
 def _evaluation_table(eval_id: str, label: str, evaluation: PolicyEvaluation, confidence: float) -> Table:

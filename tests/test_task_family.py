@@ -113,9 +113,9 @@ def test_the_gold_command_makes_exactly_the_gold_patch_in_every_task(tasks, tmp_
         assert diff(repo) == task.patch, task.instance_id
 
 
-def test_gold_engines_demonstrate_a_family_task_by_its_command_and_another_by_its_patch(tasks, monkeypatch):
+def test_gold_engines_demonstrate_a_family_task_by_its_command_and_another_by_its_patchs_line_edits(tasks, monkeypatch):
     import lego.engine.tokenizer
-    from lego.harness.base import apply_patch_command, get_harness
+    from lego.harness.base import get_harness, line_edit_command
     from lego.pipeline.attempts import gold_engines
 
     monkeypatch.setattr(lego.engine.tokenizer, "load_tokenizer",
@@ -126,7 +126,7 @@ def test_gold_engines_demonstrate_a_family_task_by_its_command_and_another_by_it
     assert engine_for(family).script == adapter.gold_replies(family.provenance["gold_command"])
     bundled = load_tasks("bundled", "all").tasks[0]
     assert "gold_command" not in bundled.provenance
-    assert engine_for(bundled).script == adapter.gold_replies(apply_patch_command(bundled.patch))
+    assert engine_for(bundled).script == adapter.gold_replies(line_edit_command(bundled.patch))
 
 
 def _statuses(task, tmp_path, patch: str) -> dict[str, str]:
