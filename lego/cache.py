@@ -35,6 +35,11 @@ def content_hash(*parts: str | bytes, length: int = 16) -> str:
     return digest.hexdigest()[:length]
 
 
+def derived_seed(*parts: object) -> int:
+    """A non-negative 63-bit seed named by `parts` (their text, hashed as content_hash does)."""
+    return int(content_hash(*(str(part) for part in parts)), 16) >> 1
+
+
 def seed_database_from(db: Path, template: Callable[[], Path], unavailable: tuple[type[BaseException], ...] = (OSError,)
                        ) -> None:
     """`seed_database` with the template built on demand, where `db` does not exist yet; when the template cannot be

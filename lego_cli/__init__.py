@@ -215,11 +215,14 @@ def _cli_args(config: str, overrides: list[str] | None) -> list[str]:
 def _embedded_setup(cfg, work, out=None):
     """Docker engine (kept up for the whole run), sandbox base image, tokenizer, tiny policy if missing.
     `out`: a run's output (one line for the set-up); else each part is printed as it is ready."""
+    import concurrent.futures
     import contextlib
     import time
 
     from lego.engine.checkpoint import default_model_path, init_tiny_model
     from lego.engine.tokenizer import ensure_tokenizer
+    from lego.harness import get_harness
+    from lego.harness.install import ensure_installed
     from lego.sandbox.daemon import docker_engine
     from lego.sandbox.image import ensure_base_image
 
@@ -227,22 +230,34 @@ def _embedded_setup(cfg, work, out=None):
     def context():
         started = time.monotonic()
         terminal = out.terminal if out is not None else console
+        # The run's harness installs beside the rest (a first run's venv and its base image both take about a
+        # minute, mostly waiting on package servers); every rollout would otherwise wait for it on first use.
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="harness-install")
+        harness = pool.submit(ensure_installed, get_harness(cfg.harness.name), cfg.harness.version)
+        pool.shutdown(wait=False)
         tokenizer = ensure_tokenizer()
         with docker_engine(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon) as engine:
             image = ensure_base_image(engine.client, cfg.docker, terminal)
             policy = None
             if cfg.model.path is None:
                 policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)
-            parts = [f"Docker engine {engine.base_url}", f"base image {image}", f"tokenizer {tokenizer}"]
+            parts = [f"Docker engine {engine.base_url}", f"base image {image}", f"tokenizer {tokenizer}",
+                     f"harness {cfg.harness.name} {harness.result()}"]
             parts += [f"policy {policy}"] if policy is not None else []
-            if out is not None:
-                out.echo(f"{'set-up':<12} {', '.join(parts)}  ({time.monotonic() - started:.1f} s)")
-            else:
-                for part in parts:
-                    console.print(f"[green]ready[/] {escape(part)}")
-            yield engine
+            yield from _report_setup(parts, started, out, engine)
 
     return context()
+
+
+def _report_setup(parts: list[str], started: float, out, engine):
+    import time
+
+    if out is not None:
+        out.echo(f"{'set-up':<12} {', '.join(parts)}  ({time.monotonic() - started:.1f} s)")
+    else:
+        for part in parts:
+            console.print(f"[green]ready[/] {escape(part)}")
+    yield engine
 
 
 @app.command()

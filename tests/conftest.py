@@ -128,6 +128,14 @@ def pytest_runtest_logreport(report):
         _unexpected_skips.append(f"{report.nodeid}: {reason}")
 
 
+def pytest_collectreport(report):
+    """A whole module skipped at collection (`pytest.skip(allow_module_level=True)`, a module-level importorskip) is a
+    skip too: none is allowed."""
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _unexpected_skips.append(f"{report.nodeid}: {reason}")
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _unexpected_skips and not os.environ.get("PYTEST_XDIST_WORKER"):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -138,3 +146,46 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("skips not on the allow-list (tests/conftest.py ALLOWED_SKIPS): the run fails")
         for line in _unexpected_skips:
             terminalreporter.line(line)
+
+
+# ---------------------------------------------------------------------------------------------- order
+# The longest files first (seconds of test time, fresh clone, 2026-12-03), the rest in collection order. The
+# workers (scripts/test.sh: --dist loadfile) take files in this order, and xdist queues a file on a worker as soon
+# as that worker has two tests left, however long those two are: with a long file last, one worker ran the last 90 s
+# alone. Longest first leaves the short files to fill the ends.
+LONGEST_FILES = (
+    "test_pipeline.py",  # 190
+    "test_harbor_backend.py",  # 121
+    "test_vllm_engine.py",  # 114
+    "test_harbor_grading.py",  # 103
+    "test_validate.py",  # 97
+    "test_redteam_grading.py",  # 96
+    "test_rollout_stage.py",  # 94
+    "test_eval.py",  # 90
+    "test_run_output.py",  # 86
+    "test_redteam.py",  # 81
+    "test_redteam_infra.py",  # 78
+    "test_task_environments.py",  # 73
+    "test_harness_scripted.py",  # 73
+    "test_task_family.py",  # 64
+    "test_honest_agent.py",  # 63
+    "test_honest_patches.py",  # 59
+    "test_bench_proxy.py",  # 55
+    "test_faults.py",  # 54
+    "test_gpu_check.py",  # 50
+    "test_harness_random.py",  # 49
+    "test_tasksets.py",  # 49
+    "test_harbor_reward_channel.py",  # 48
+    "test_redteam_decoys.py",  # 47
+    "test_remote_engine.py",  # 43
+    "test_pipeline_e2e.py",  # 42
+    "test_ui.py",  # 42
+    "test_sandbox.py",  # 37
+    "test_rollout_hang.py",  # 31
+    "test_ray_rollouts.py",  # 29
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file keeps its own order

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
-import openai
 import pytest
 from fixtures_model import tiny_model_path  # noqa: F401  (session fixture)
 from proxy_doubles import BackgroundProxy, RecordingEngine, ScriptedEngine, assistant_text, check_fidelity
@@ -48,6 +46,8 @@ def fresh_recording(proxy) -> None:
 def test_real_model_openai_chat_stream_and_not(real_proxy):
     fresh_recording(real_proxy)
     session = real_proxy.open_session()
+    import openai
+
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
     messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix calc.py"}]
     first = client.chat.completions.create(model="policy", messages=messages, tools=[BASH], max_tokens=8,
@@ -74,6 +74,8 @@ def test_real_model_openai_chat_stream_and_not(real_proxy):
 def test_real_model_anthropic_stream_and_not(real_proxy):
     fresh_recording(real_proxy)
     session = real_proxy.open_session()
+    import anthropic
+
     client = anthropic.Anthropic(base_url=session.anthropic_base_url, api_key="unused", max_retries=0)
     system = [{"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}]
     messages = [{"role": "user", "content": [{"type": "text", "text": "Fix calc.py"}]}]
@@ -94,6 +96,8 @@ def test_real_model_anthropic_stream_and_not(real_proxy):
 def test_real_model_responses_api(real_proxy):
     fresh_recording(real_proxy)
     session = real_proxy.open_session()
+    import openai
+
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
     response = client.responses.create(model="policy", instructions="You are Codex.", input="Fix calc.py",
                                        tools=[{"type": "function", "name": "exec_command", "parameters": {
@@ -109,6 +113,8 @@ def test_openai_client_tool_calls_both_ways(scripted_proxy):
     session, engine = scripted_proxy.open_session(), scripted_proxy.engine
     engine.script(assistant_text("Looking.", [("bash", {"command": "ls"}), ("bash", {"command": "pwd"})]),
                   assistant_text("", [("bash", {"command": "cat calc.py"})]), "All done.")
+    import openai
+
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
     messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix"}]
     first = client.chat.completions.create(model="m", messages=messages, tools=[BASH], tool_choice="auto")
@@ -135,6 +141,8 @@ def test_anthropic_client_tool_use_both_ways_with_thinking(scripted_proxy):
     session, engine = scripted_proxy.open_session(), scripted_proxy.engine
     engine.script("<think>\nI should list files.\n</think>\n\n"
                   + assistant_text("Listing.", [("Bash", {"command": "ls"})]), "Done.")
+    import anthropic
+
     client = anthropic.Anthropic(base_url=session.anthropic_base_url, api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "fix"}]
     with client.messages.stream(model="m", max_tokens=1000, system="agent", tools=[BASH_ANTHROPIC],
@@ -159,6 +167,8 @@ def test_malformed_tool_calls_come_back_as_text(scripted_proxy):
     session, engine = scripted_proxy.open_session(), scripted_proxy.engine
     broken = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>'
     engine.script(broken, '<tool_call>\n{"name": "bash", "arguments": "ls"}\n</tool_call>', "<tool_call>\n{\"na")
+    import openai
+
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
     for _ in range(3):
         answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=[BASH])

@@ -10,9 +10,17 @@ import pytest
 import torch
 from fixtures_model import fp32_engine, tiny_model_path, tiny_tokenizer  # noqa: F401
 
-import lego.train.verl_agent_loop as verl_loop
 from lego.engine.base import SamplingParams
 from lego.records import LLMCall, Segment, Trajectory
+
+
+@pytest.fixture(scope="module")
+def verl_loop():
+    """The module under test, imported by the tests that use it (it imports verl, which collection need not pay)."""
+    import lego.train.verl_agent_loop as module
+
+    return module
+
 
 PROMPT = [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198]
 TOOL = [151645, 198, 151644, 872, 198, 1986, 374, 151645, 198, 151644, 77091, 198]
@@ -32,13 +40,13 @@ def two_turn_trajectory(engine) -> Trajectory:
     return Trajectory("r1", "task-1", "mini-swe-agent", 3, segments=[segment], calls=calls)
 
 
-def test_the_loop_is_registered_with_verl():
+def test_the_loop_is_registered_with_verl(verl_loop):
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
     assert _agent_loop_registry["lego_harness"]["_target_"] == "lego.train.verl_agent_loop.LegoHarnessAgentLoop"
 
 
-def test_trajectory_round_trips_through_agent_loop_output(fp32_engine):
+def test_trajectory_round_trips_through_agent_loop_output(fp32_engine, verl_loop):
     from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
     trajectory = two_turn_trajectory(fp32_engine)
@@ -56,14 +64,14 @@ def test_trajectory_round_trips_through_agent_loop_output(fp32_engine):
     assert output.num_turns == 2 and output.extra_fields["policy_version"] == 3
 
 
-def test_response_length_cuts_response_and_routing(fp32_engine):
+def test_response_length_cuts_response_and_routing(fp32_engine, verl_loop):
     trajectory = two_turn_trajectory(fp32_engine)
     output = verl_loop.trajectory_to_output(trajectory, reward=0.0, response_length=7)
     assert len(output.response_ids) == len(output.response_mask) == len(output.response_logprobs) == 7
     assert np.asarray(output.routed_experts).shape[0] == len(PROMPT) + 7
 
 
-def test_a_trajectory_without_samples_is_refused():
+def test_a_trajectory_without_samples_is_refused(verl_loop):
     segment = Segment(np.arange(4, dtype=np.int32), np.zeros(4, dtype=np.uint8), np.zeros(4, dtype=np.float32), None)
     with pytest.raises(verl_loop.AgentLoopError, match="no sampled token"):
         verl_loop.trajectory_to_output(Trajectory("r", "t", "h", 0, segments=[segment]), 0.0)
@@ -88,7 +96,7 @@ class TransformersServer:
         return TokenOutput(token_ids=result.token_ids, log_probs=result.logprobs, routed_experts=routed)
 
 
-def test_the_agent_loop_runs_an_injected_rollout_through_verls_server_client(fp32_engine, tiny_tokenizer):
+def test_the_agent_loop_runs_an_injected_rollout_through_verls_server_client(fp32_engine, tiny_tokenizer, verl_loop):
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 

@@ -121,10 +121,11 @@ def execute_requests(ctx: StageContext, tasks: Sequence[Task], requests: Sequenc
 
 
 def run_attempts(ctx: StageContext, tasks: Sequence[Task], policy: Policy, *, samples: int, data_run_id: str,
-                 stage: str, iteration: int, gold: bool = False, label: str | None = None) -> list[str]:
+                 stage: str, iteration: int, gold: bool = False, label: str | None = None,
+                 seed: int | None = None) -> list[str]:
     """Make sure every (task, sample) has a stored trajectory; returns the rollout ids. `label` names the step in
-    the run's progress (default `stage/iteration`)."""
-    requests = rollout_requests(data_run_id, tasks, samples)
+    the run's progress (default `stage/iteration`); `seed`: the round's base seed (lego.rollout.requests)."""
+    requests = rollout_requests(data_run_id, tasks, samples, seed)
     stored = stored_terminations(ctx, data_run_id, stage, iteration)
     pending = [request for request in requests if request.rollout_id not in stored]
     progress = None

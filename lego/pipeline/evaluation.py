@@ -37,6 +37,7 @@ from lego.pipeline.grading import grade_attempts
 from lego.pipeline.policy import Policy
 from lego.pipeline.runners import RealRunner, StageRunner
 from lego.records import Outcome
+from lego.rollout.requests import EVALUATION_ROUND, round_seed
 from lego.tasksets.task import Task
 
 Scripted = Literal["gold", "empty"]
@@ -228,8 +229,10 @@ def evaluate_harness(ctx: StageContext, tasks: Sequence[Task], policy: EvalPolic
     runner = EmptyPolicyRunner(ctx.runner) if policy.scripted == "empty" else ctx.runner
     hctx = replace(ctx, config=config, runner=runner)
     label = label or f"{stage}/{iteration} {harness}"
+    # Every evaluation of the run draws the same random numbers for the same task and sample (paired attempts).
     run_attempts(hctx, tasks, policy.as_policy(), samples=samples, data_run_id=data_run_id, stage=stage,
-                 iteration=iteration, gold=policy.scripted == "gold", label=label)
+                 iteration=iteration, gold=policy.scripted == "gold", label=label,
+                 seed=round_seed(ctx.config.project.seed, EVALUATION_ROUND))
     outcomes = grade_attempts(hctx, tasks, data_run_id=data_run_id, rollout_stage=stage,
                               outcome_stage=f"{stage}-verify", iteration=iteration, label=f"{label} grading")
     wanted = {task.instance_id for task in tasks}

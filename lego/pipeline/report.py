@@ -100,6 +100,9 @@ def _rate(rate: dict[str, Any]) -> str:
     return f"{rate['resolved']}/{rate['attempts']} = {rate['rate']:.0%} [{rate['low']:.0%}, {rate['high']:.0%}]"
 
 
+EVALUATED_BEFORE = "an evaluation before RL"
+
+
 def before_after(manifest: RunManifest) -> dict[str, Any] | None:
     """The training tasks' resolved rate of the policy RL started from and of the one it ended with.
 
@@ -113,7 +116,7 @@ def before_after(manifest: RunManifest) -> dict[str, Any] | None:
     if start is None or end is None:
         return None
     if start.get("train_split_eval"):
-        before, source = start["train_split_eval"], "an evaluation before RL"
+        before, source = start["train_split_eval"], EVALUATED_BEFORE
     elif start.get("train_split"):
         before, source = start["train_split"], "the graded rollouts of RL iteration 0"
     else:
@@ -162,6 +165,8 @@ def learning_lines(manifest: RunManifest, config: dict[str, Any]) -> list[str]:
             "temperature")
         attempts = (f"{before['attempts']} attempts each" if found["same_attempts"]
                     else f"{before['attempts']} attempts before, {after['attempts']} after: not the same number")
+        if found["same_attempts"] and found["before_source"] == EVALUATED_BEFORE:
+            attempts += ", paired: each draws the random numbers of its counterpart"
         iterations = found["end_policy"]
         lines += [f"resolved rate on the {count} training tasks ({attempts}, temperature {temperature}, "
                   f"{int(found['confidence'] * 100)}% Wilson intervals):",

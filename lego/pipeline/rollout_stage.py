@@ -23,7 +23,7 @@ from lego.pipeline.attempts import check_complete, pending_requests
 from lego.pipeline.keys import code_version, key_of
 from lego.pipeline.policy import Policy
 from lego.pipeline.taskset_stage import read_tasks
-from lego.rollout.requests import RolloutRequest, rollout_requests
+from lego.rollout.requests import RolloutRequest, rollout_requests, round_seed
 from lego.tasksets.task import Task
 
 STAGE = "rollout"
@@ -63,12 +63,13 @@ def plan_rollouts(ctx: StageContext, task_list: StageResult, policy: Policy, ite
         plan.cached = load_result(ctx.work, STAGE, key)
         if plan.cached is not None:
             return plan
-    plan.requests = rollout_requests(data_run_id, tasks, ctx.config.rollout.samples_per_task)
+    seed = round_seed(ctx.config.project.seed, iteration)
+    plan.requests = rollout_requests(data_run_id, tasks, ctx.config.rollout.samples_per_task, seed)
     plan.pending = pending_requests(ctx, plan.requests, data_run_id, STAGE, iteration)
     if ctx.force and len(plan.pending) < len(plan.requests):
         # --force: recompute everything under a fresh data run so old trajectories do not count
         plan.data_run_id = f"rollout-{key[:10]}-{_stamp()}"
-        plan.requests = rollout_requests(plan.data_run_id, tasks, ctx.config.rollout.samples_per_task)
+        plan.requests = rollout_requests(plan.data_run_id, tasks, ctx.config.rollout.samples_per_task, seed)
         plan.pending = list(plan.requests)
     return plan
 

@@ -154,14 +154,16 @@ class ProxyServer:
 
     # ------------------------------------------------------------------------------------------ sessions
 
-    def open_session(self, label: str = "", *, own_socket: bool = False, socket_uid: int | None = None) -> Session:
+    def open_session(self, label: str = "", *, own_socket: bool = False, socket_uid: int | None = None,
+                     seed: int | None = None) -> Session:
         """A new session. With `own_socket`, it also gets a unix socket of its own (`session_socket(id)`) on which
         only it is served. `socket_uid`: the one uid (besides root) that may connect to it, e.g. a sandbox's relay
         user; this needs the proxy to run as root (or as that uid). Otherwise the socket is open to every local
-        user: no more than the loopback TCP listener already is, since the session id is still required."""
+        user: no more than the loopback TCP listener already is, since the session id is still required.
+        `seed`: the session's sampling seed (Session)."""
         session_id = secrets.token_urlsafe(24)
         session = Session(session_id, self.renderer, self.engine, self.sampling,
-                          base_url=f"{self.url}/s/{session_id}", label=label)
+                          base_url=f"{self.url}/s/{session_id}", label=label, seed=seed)
         if own_socket:
             self._open_socket(session_id, socket_uid)
         self._sessions[session_id] = session

@@ -82,11 +82,15 @@ How a request becomes tokens (the heart of tokens in / tokens out):
   So do the other sampling parameters a request may carry, and reasoning settings: the policy thinks as its chat
   template says (`renderer.thinking`), however much effort or thinking budget a request asks for.
   The request's max_tokens is honoured only below the configured maximum.
+- A session opened with a seed (a rollout's attempt seed, lego.rollout.requests) samples its n-th generation with
+  a seed derived from it and n, so two sessions with one seed draw the same random numbers call by call; a
+  request's own `seed` is ignored like its other sampling settings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import re
@@ -97,6 +101,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lego.cache import derived_seed
 from lego.config import SamplingConfig
 from lego.engine.base import Engine, GenerateResult, SamplingParams, generate_streaming
 from lego.engine.constraints import (
@@ -373,12 +378,14 @@ class Session:
     """One rollout attempt's view of the proxy (see the module docstring)."""
 
     def __init__(self, session_id: str, renderer: ChatRenderer, engine: Engine, sampling: SamplingConfig,
-                 base_url: str = "", label: str = "") -> None:
+                 base_url: str = "", label: str = "", seed: int | None = None) -> None:
         self.id = session_id
         self.label = label
         self.renderer = renderer
         self.engine = engine
         self.sampling = sampling
+        self.seed = seed
+        self._generations = 0  # generations started: the n of the n-th call's seed
         self.base_url = base_url  # http://127.0.0.1:PORT/s/<id>
         self.overlong = False
         self.closed = False
@@ -448,10 +455,14 @@ class Session:
                              0, "overlong", self._kind(plan), len(plan.new_ids), error=message)
                 raise ContextOverflowError(message)
             branch, kind, undo = self._commit(plan, conversation)
+            generation = self._generations
+            self._generations += 1
             branch.busy = True
             prompt = branch.token_ids[:]  # a snapshot (the branch grows after the call), as a flat array
         new_prompt_tokens = len(plan.new_ids)
         sampling = self._sampling_params(limit, stops, constraint)
+        if self.seed is not None:
+            sampling = dataclasses.replace(sampling, seed=derived_seed("call", self.seed, generation))
         try:
             if on_tokens is None:
                 result: GenerateResult = await self.engine.generate(prompt, sampling)

@@ -74,7 +74,7 @@ async def _take_final_diff(sandbox: Sandbox, config: LegoConfig, trajectory: Tra
 
 
 async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResources, config: LegoConfig,
-                   trajectory: Trajectory, scratch: Path) -> None:
+                   trajectory: Trajectory, scratch: Path, seed: int | None) -> None:
     """One attempt; fills `trajectory`. Raises an INFRA_ERRORS exception for a failure of the machinery."""
     spec = adapter.spec
     in_sandbox = spec.runs == "sandbox"
@@ -87,7 +87,7 @@ async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResour
         # A sandbox harness reaches its session through a socket of the session's own (only the relay's uid may
         # connect; it serves no other session), mounted read-only; beside harnesses use the loopback listener.
         session = proxy.open_session(label=trajectory.rollout_id, own_socket=in_sandbox,
-                                     socket_uid=resources.factory.proxy_socket_uid)
+                                     socket_uid=resources.factory.proxy_socket_uid, seed=seed)
         session_socket = proxy.session_socket(session.id)
         sandbox = await asyncio.to_thread(
             resources.factory.open_task, task, purpose="rollout", mounts=mounts,
@@ -156,8 +156,10 @@ async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResour
 
 
 async def run_rollout(task: Task, adapter: HarnessAdapter, *, resources: RolloutResources, config: LegoConfig,
-                      rollout_id: str, iteration: int = 0, sample_index: int = 0) -> Trajectory:
-    """Run `adapter` on `task` once (retrying infrastructure failures) and return its Trajectory."""
+                      rollout_id: str, iteration: int = 0, sample_index: int = 0,
+                      seed: int | None = None) -> Trajectory:
+    """Run `adapter` on `task` once (retrying infrastructure failures) and return its Trajectory. `seed`: the
+    attempt's sampling seed (lego.rollout.requests), the same for each infrastructure retry."""
     clock = time.monotonic()
     attempts = config.rollout.infra_retries + 1
     errors: list[str] = []
@@ -169,10 +171,10 @@ async def run_rollout(task: Task, adapter: HarnessAdapter, *, resources: Rollout
             sample_index=sample_index,
             metadata={"harness_version": resources.install_dir.name, "protocol": adapter.spec.protocol,
                       # the difficulty filter compares pass rates at the policy's sampling temperature
-                      "temperature": config.sampling.temperature})
+                      "temperature": config.sampling.temperature, "sampling_seed": seed})
         scratch = Path(tempfile.mkdtemp(prefix="lego-rollout-"))
         try:
-            await _attempt(task, adapter, resources, config, trajectory, scratch)
+            await _attempt(task, adapter, resources, config, trajectory, scratch, seed)
             trajectory.metadata["attempts"] = attempt
             trajectory.metadata["infra_errors"] = errors
             trajectory.timings["total_s"] = time.monotonic() - clock

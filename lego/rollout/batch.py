@@ -46,7 +46,7 @@ async def run_rollouts(requests: Sequence[RolloutRequest], tasks: Sequence[Task]
             async with semaphore:
                 trajectory = await run_rollout(by_id[request.task_id], adapter, resources=resources, config=config,
                                                rollout_id=request.rollout_id, iteration=iteration,
-                                               sample_index=request.sample_index)
+                                               sample_index=request.sample_index, seed=request.seed)
             async with lock:
                 await asyncio.to_thread(writer.append_trajectories, [trajectory], stage)
                 finished.append(trajectory)
