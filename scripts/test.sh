@@ -18,7 +18,7 @@ if [ "$WORKERS" -gt 1 ]; then
     exit 1
   fi
   export DOCKER_HOST="$engine"
-  parallel=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)  # the order is tests/conftest.py's LONGEST_FILES
+  parallel=(-n "$WORKERS" --dist loadfile)
 fi
 .venv/bin/pytest -q -rs --durations=25 "${parallel[@]}" "$@"
 rc=$?
