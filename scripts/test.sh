@@ -9,6 +9,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh -c test || exit 1
 .venv/bin/ruff check lego lego_cli flows tests || exit 1
+# Bytecode caches on, whatever the shell says: the suite starts over a hundred Python processes that import Lego, and
+# without them each one compiles it again.
+unset PYTHONDONTWRITEBYTECODE
 WORKERS=${LEGO_TEST_WORKERS:-4}
 parallel=()
 if [ "$WORKERS" -gt 1 ]; then

@@ -10,11 +10,9 @@ import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-import anthropic
 import httpx
 import jsonschema
 import numpy as np
-import openai
 import pytest
 import torch
 from fixtures_model import fp32_engine, tiny_model_path  # noqa: F401  (session fixtures)
@@ -71,6 +69,8 @@ def valid_calls(calls: list[tuple[str, str]], names: set[str]) -> None:
 
 
 def named_call(session) -> None:
+    import openai  # the clients import in seconds: inside the tests, not at every worker's collection
+
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
     reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=[BASH, READ],
                                            tool_choice={"type": "function", "function": {"name": "read"}})
@@ -80,6 +80,8 @@ def named_call(session) -> None:
 
 
 def required_calls(session, parallel: bool) -> None:
+    import openai
+
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
     reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=[BASH, READ], tool_choice="required",
                                            parallel_tool_calls=parallel)
@@ -89,6 +91,8 @@ def required_calls(session, parallel: bool) -> None:
 
 
 def any_call_streamed(session) -> None:
+    import anthropic
+
     client = anthropic.Anthropic(base_url=session.anthropic_base_url, api_key="unused", max_retries=0)
     tools = [{"name": tool["function"]["name"], "input_schema": tool["function"]["parameters"]} for tool in (BASH, READ)]
     with client.messages.stream(model="m", max_tokens=160, messages=MESSAGES, tool_choice={"type": "any"},
@@ -100,6 +104,8 @@ def any_call_streamed(session) -> None:
 
 
 def json_answer(session) -> None:
+    import openai
+
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
     reply = client.chat.completions.create(model="m", messages=MESSAGES, response_format={
         "type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}})
@@ -108,6 +114,8 @@ def json_answer(session) -> None:
 
 
 def json_answer_streamed(session) -> None:
+    import openai
+
     client = openai.OpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0)
     events = list(client.responses.create(model="m", input="Judge it.", stream=True, text={
         "format": {"type": "json_schema", "name": "answer", "schema": ANSWER}}))
