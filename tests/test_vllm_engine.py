@@ -227,6 +227,38 @@ def test_new_weights_load_in_place_and_score_as_transformers_does(vllm_engine, m
     assert run(vllm_engine.score(ids)) == before and vllm_engine._process.pid == pid
 
 
+def test_stages_that_lease_from_the_pool_share_one_worker_and_each_gets_its_policy(vllm_engine, model_path, lego_config,
+                                                                                   tmp_path, monkeypatch):
+    """lego.engine.pool across stages: the engine a stage hands back is kept (vLLM's keep_warm), the next stage's
+    policy is loaded into it in place and tagged with its version, and a lease for the policy already loaded loads
+    nothing."""
+    import lego.engine.factory
+    from lego.engine.pool import EnginePool
+
+    config = with_overrides(lego_config, engine={"kind": "vllm", "dtype": "float32"}, model={"context_length": 32768})
+    made, loads = [], []
+    monkeypatch.setattr(lego.engine.factory, "make_engine", lambda config, path, script=None: made.append(path) or
+                        vllm_engine)
+    load_in_place = vllm_engine._load_in_place
+    monkeypatch.setattr(vllm_engine, "_load_in_place", lambda path: loads.append(path) or load_in_place(path))
+    ids = PROMPT + [9707, 11, 1879]
+    pool, pid = EnginePool(), vllm_engine._process.pid
+    before = run(vllm_engine.score(ids))
+    trained = perturb(model_path, tmp_path / "trained")
+    try:
+        with pool.lease(config, model_path, 0) as engine:  # rollout/0: the engine starts
+            assert engine is vllm_engine and run(engine.score(ids)) == before
+        with pool.lease(config, trained, 1) as engine:  # rollout/1, after train/0: the same worker, new weights
+            assert engine is vllm_engine and engine._process.pid == pid and engine.policy_version == 1
+            np.testing.assert_allclose(run(engine.score(ids)), reference_scores(trained, ids)[0], atol=1e-5, rtol=0)
+        with pool.lease(config, trained, 1) as engine:  # the evaluation of that policy: nothing to load
+            assert engine.policy_version == 1
+        assert made == [model_path] and loads == [trained]
+    finally:
+        vllm_engine.load_checkpoint(model_path, 0)  # the module's other tests run on the original weights
+    assert run(vllm_engine.score(ids)) == before and vllm_engine._process.pid == pid
+
+
 def test_a_checkpoint_of_another_architecture_restarts_the_worker_saying_why(vllm_engine, model_path, tmp_path,
                                                                              caplog, monkeypatch):
     """The worker refuses a checkpoint of other shapes before it touches a weight, and load_checkpoint then

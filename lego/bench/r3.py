@@ -17,6 +17,7 @@ import torch
 from lego.bench import register
 from lego.config import LegoConfig
 from lego.engine.base import SamplingParams
+from lego.errors import ConfigError
 from lego.workdir import WorkDir
 
 USER_TEXTS = [
@@ -49,17 +50,19 @@ def _stats(train: np.ndarray, inference: np.ndarray) -> dict[str, float]:
 
 def sample_from_policy(config: LegoConfig, work: WorkDir, trajectories: int, max_tokens: int):
     """The config's policy (a seeded random-init one is written when missing) samples `trajectories` replies at
-    temperature 1 in the engine's dtype: (model path, prompts, GenerateResults with log-probs and routing)."""
+    temperature 1 on the config's engine (`engine.kind`: transformers or vllm) in its dtype: (model path, prompts,
+    GenerateResults with log-probs and the routing that engine recorded)."""
     from lego.engine.checkpoint import default_model_path, init_tiny_model
+    from lego.engine.factory import make_engine
     from lego.engine.tokenizer import load_tokenizer
-    from lego.engine.transformers_engine import TransformersEngine
 
     model_path = default_model_path(config, work)
     if not (model_path / "config.json").is_file():
         init_tiny_model(config.model.init, model_path, seed=config.project.seed)
     prompts = _prompts(load_tokenizer(model_path), trajectories)
-    engine = TransformersEngine(model_path, dtype=config.engine.dtype, device=config.engine.device,
-                                max_batch_size=config.engine.max_batch_size)
+    if config.engine.kind == "scripted":
+        raise ConfigError("bench r3 samples from the policy; use engine.kind=transformers or vllm, not scripted")
+    engine = make_engine(config, model_path)
     try:
         async def sample():
             return await asyncio.gather(*[
@@ -102,6 +105,7 @@ def bench_r3(config: LegoConfig, work: WorkDir, trajectories: int = 16, max_toke
     inference_all = np.concatenate(inference)
     return {
         "model": str(model_path),
+        "engine": config.engine.kind,
         "inference_dtype": config.engine.dtype,
         "training_dtype": config.train.dtype,
         "trajectories": len(results),

@@ -78,6 +78,7 @@ class Engine(Protocol):
     max_context: int
     eos_token_ids: tuple[int, ...]
     constrained_decoding: bool  # it enforces SamplingParams.constraint
+    keep_warm: bool  # lego.engine.pool keeps it between stages and loads the next policy into it
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateResult: ...
 
@@ -177,6 +178,8 @@ class EngineWrapper:
     subclasses say how to generate. Its `stream` answers with `generate` in one chunk, so a wrapper that changes
     how generation is served (counting, recording, holding) is never bypassed; a wrapper that can pass the inner
     engine's chunks through overrides `stream` too."""
+
+    keep_warm = False  # made for one use around an engine that may itself be kept (lego.engine.pool)
 
     def __init__(self, inner) -> None:
         self.inner = inner

@@ -138,6 +138,7 @@ class TransformersEngine:
     """The Engine protocol over a transformers causal LM (see the module docstring for how it batches)."""
 
     constrained_decoding = True
+    keep_warm = False  # lego.engine.pool closes it after each stage: it starts as fast as it loads new weights
 
     def __init__(self, model_path: str | Path, dtype: str = "bfloat16", device: str = "cpu",
                  max_batch_size: int = 8, batch_wait_ms: float = 5.0, policy_version: int | None = None,

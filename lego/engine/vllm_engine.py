@@ -11,7 +11,7 @@
   answers (`call_soon_threadsafe`), so callers on any loop, or on several in turn, share one worker.
 - Routing: on CUDA the worker asks vLLM for `routed_experts` (`[tokens fed, layers, top_k]`; vLLM never feeds the
   last sampled token, whose row is filled with zeros here: a token's routing only shapes the prediction of the next
-  token, and there is none). Elsewhere `routed_experts` is None.
+  token, and there is none). On CPU the same rows come from lego.engine.vllm_routing's capture of the routers.
 - Stop strings: vLLM detokenizes only for requests that have them and ends on the token that completes one,
   keeping that token; the matched string comes back as the stop reason.
 - `load_checkpoint` loads the new weights into the running worker (vLLM's in-place reload: 0.1 s on the test
@@ -119,6 +119,7 @@ class VLLMEngine:
     """The Engine protocol over a vLLM worker process (see the module docstring)."""
 
     constrained_decoding = False  # SamplingParams.constraint is not passed to vLLM's structured outputs yet
+    keep_warm = True  # lego.engine.pool keeps it between stages: a start takes tens of seconds, new weights 0.1 s
 
     def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_context: int | None = None,
                  policy_version: int | None = None, python: str | None = None,

@@ -47,17 +47,12 @@ def harness_rollouts(ctx: StageContext, tasks: Sequence[Task], requests: Sequenc
     engine (lego.rollout.batch). See RolloutRunner.rollout."""
     import asyncio
 
-    from lego.engine.factory import make_engine
+    from lego.engine.pool import lease_engine
     from lego.rollout.batch import run_rollouts
 
-    engine = make_engine(ctx.config, policy.path)
-    try:
+    with lease_engine(ctx.config, policy.path, policy.version) as engine:
         asyncio.run(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
                                  iteration=iteration, engine_for=gold_engines(ctx.config, engine) if gold else None))
-    finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
 
 
 def gold_command(task: Task) -> str:

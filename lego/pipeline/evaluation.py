@@ -184,23 +184,18 @@ class EmptyPolicyRunner:
         self.inner = inner
 
     def rollout(self, ctx, tasks, requests, policy, *, stage, iteration, writer, gold=False) -> None:  # noqa: ARG002
-        from lego.engine.factory import make_engine
+        from lego.engine.pool import lease_engine
         from lego.engine.scripted import ScriptedEngine
         from lego.engine.tokenizer import load_tokenizer
         from lego.harness.base import get_harness
         from lego.rollout.batch import run_rollouts
 
         replies = get_harness(ctx.config.harness.name).gold_replies(NO_CHANGE_COMMAND)
-        engine = make_engine(ctx.config, policy.path)
         tokenizer = load_tokenizer()
-        try:
+        with lease_engine(ctx.config, policy.path, policy.version) as engine:
             asyncio.run(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
                                      iteration=iteration,
                                      engine_for=lambda task: ScriptedEngine(engine, tokenizer, replies)))
-        finally:
-            close = getattr(engine, "close", None)
-            if close is not None:
-                close()
 
     @contextlib.contextmanager
     def grader(self, ctx) -> Iterator:

@@ -174,6 +174,9 @@ class PipelineRun:
         return run
 
     def finish(self, status: str = "completed", summary: dict[str, Any] | None = None) -> RunManifest:
+        from lego.engine.pool import close_engines
+
+        close_engines()  # the engine the run's stages shared (lego.engine.pool)
         self.progress.close()
         self.manifest.status = status
         self.manifest.summary = {**(summary or {}), "seconds": round(time.monotonic() - self.started, 1)}
