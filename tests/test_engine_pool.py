@@ -47,14 +47,17 @@ def made(monkeypatch):
 
 def test_a_kept_engine_takes_the_next_policy_in_place(lego_config, made):
     config = with_overrides(lego_config, engine={"kind": "vllm"})
-    pool = EnginePool()
-    with pool.lease(config, "/ckpt/0", 0) as first:
+    pool, lines = EnginePool(), []
+    with pool.lease(config, "/ckpt/0", 0, lines.append) as first:
         pass
-    with pool.lease(config, "/ckpt/1", 1) as second:
+    with pool.lease(config, "/ckpt/1", 1, lines.append) as second:
         assert second is first and second.loads == [(Path("/ckpt/1"), 1)]
-    with pool.lease(config, "/ckpt/1", 1):  # already loaded: nothing to do
+    with pool.lease(config, "/ckpt/1", 1, lines.append):  # already loaded: nothing to do
         pass
     assert len(made) == 1 and first.loads == [(Path("/ckpt/1"), 1)] and not first.closed
+    assert [line.split(" (")[0] for line in lines] == [
+        "started the vllm engine on policy version 0", "policy version 1 loaded into the running vllm engine",
+        "the running vllm engine already serves policy version 1"]
     pool.close()
     assert first.closed
 

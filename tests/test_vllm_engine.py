@@ -278,14 +278,17 @@ def test_a_checkpoint_of_another_architecture_restarts_the_worker_saying_why(vll
         vllm_engine._load_in_place(other)
     assert run(vllm_engine.score(PROMPT)) == before  # the running model is untouched
 
-    # The restart, shown on the module's own checkpoint (the worker refusing as it refused `other`): a restart on
-    # `other` would take a second one to come back.
-    pid, load_in_place = vllm_engine._process.pid, vllm_engine._load_in_place
+    # What load_checkpoint does with the refusal: it logs the worker's reason, then stops the worker and starts one on
+    # the checkpoint. The stop and the start are recorded here, not run: the module starts vLLM once (a start costs
+    # tens of seconds of CPU), and both are the ones every engine runs (the module's fixture starts and closes it).
+    load_in_place, steps = vllm_engine._load_in_place, []
     monkeypatch.setattr(vllm_engine, "_load_in_place", lambda path: load_in_place(other))
+    monkeypatch.setattr(vllm_engine, "close", lambda: steps.append("stop"))
+    monkeypatch.setattr(vllm_engine, "_start", lambda: steps.append(("start", vllm_engine.model_path)))
     with caplog.at_level(logging.WARNING, logger="lego.engine.vllm_engine"):
         vllm_engine.load_checkpoint(model_path, 3)
     assert "could not load the weights in place" in caplog.text and "hidden_size" in caplog.text
-    assert vllm_engine._process.pid != pid and vllm_engine.policy_version == 3
+    assert steps == ["stop", ("start", model_path)] and vllm_engine.policy_version == 3
     monkeypatch.undo()
     vllm_engine.load_checkpoint(model_path, 0)
     assert run(vllm_engine.score(PROMPT)) == before

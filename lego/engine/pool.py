@@ -20,7 +20,8 @@ import atexit
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lego.config import LegoConfig
@@ -51,20 +52,27 @@ class EnginePool:
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def lease(self, config: LegoConfig, model_path: str | Path, policy_version: int) -> Iterator[Engine]:
+    def lease(self, config: LegoConfig, model_path: str | Path, policy_version: int,
+              report: Callable[[str], None] = log.info) -> Iterator[Engine]:
         """The engine `config.engine` names, serving the checkpoint at `model_path` as `policy_version`: a kept
-        engine with those weights loaded in place, else a new one."""
+        engine with those weights loaded in place, else a new one. `report` gets a line saying which."""
         settings = _settings(config)
         with self._lock:
             engine = self._idle.pop(settings, None)
         try:
             if engine is None:
+                started = time.monotonic()
                 engine = factory.make_engine(config, model_path)
+                report(f"started the {config.engine.kind} engine on policy version {engine.policy_version} "
+                       f"({time.monotonic() - started:.1f} s)")
             elif (Path(getattr(engine, "model_path", "")) != Path(model_path)
                   or engine.policy_version != policy_version):
+                started = time.monotonic()
                 engine.load_checkpoint(model_path, policy_version)
-                log.info("policy version %d loaded into the running %s engine in %.2f s", policy_version,
-                         config.engine.kind, getattr(engine, "last_load_s", 0.0))
+                report(f"policy version {policy_version} loaded into the running {config.engine.kind} engine "
+                       f"({time.monotonic() - started:.2f} s)")
+            else:
+                report(f"the running {config.engine.kind} engine already serves policy version {policy_version}")
         except BaseException:
             if engine is not None:
                 _close(engine)
@@ -91,9 +99,10 @@ ENGINES = EnginePool()
 atexit.register(ENGINES.close)
 
 
-def lease_engine(config: LegoConfig, model_path: str | Path, policy_version: int):
+def lease_engine(config: LegoConfig, model_path: str | Path, policy_version: int,
+                 report: Callable[[str], None] = log.info):
     """`EnginePool.lease` on this process's pool."""
-    return ENGINES.lease(config, model_path, policy_version)
+    return ENGINES.lease(config, model_path, policy_version, report)
 
 
 def close_engines() -> None:

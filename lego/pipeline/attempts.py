@@ -50,7 +50,7 @@ def harness_rollouts(ctx: StageContext, tasks: Sequence[Task], requests: Sequenc
     from lego.engine.pool import lease_engine
     from lego.rollout.batch import run_rollouts
 
-    with lease_engine(ctx.config, policy.path, policy.version) as engine:
+    with lease_engine(ctx.config, policy.path, policy.version, lambda line: ctx.log(f"{stage}: {line}")) as engine:
         asyncio.run(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
                                  iteration=iteration, engine_for=gold_engines(ctx.config, engine) if gold else None))
 

@@ -192,7 +192,7 @@ class EmptyPolicyRunner:
 
         replies = get_harness(ctx.config.harness.name).gold_replies(NO_CHANGE_COMMAND)
         tokenizer = load_tokenizer()
-        with lease_engine(ctx.config, policy.path, policy.version) as engine:
+        with lease_engine(ctx.config, policy.path, policy.version, lambda line: ctx.log(f"{stage}: {line}")) as engine:
             asyncio.run(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
                                      iteration=iteration,
                                      engine_for=lambda task: ScriptedEngine(engine, tokenizer, replies)))

@@ -115,7 +115,7 @@ def _sft_step(trainer, batch, indices: list[int], grad_clip: float, device: str)
         logprobs, _ = token_logprobs(trainer.model, micro.input_ids.to(device), mask, None, with_entropy=False)
         loss = -(logprobs * mask).sum() / tokens
         loss.backward()
-        total += float(loss)
+        total += loss.item()
         with torch.no_grad():
             picked = logprobs[mask.bool()]
             sampled.append(picked)
