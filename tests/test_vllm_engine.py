@@ -104,6 +104,20 @@ def test_a_seeded_request_with_a_prompt_longer_than_a_prefill_chunk(vllm_engine)
     assert len(result.token_ids) == 4 and result.routed_experts.shape[0] == 3004
 
 
+def test_seeded_requests_whose_prompts_overflow_one_steps_token_budget(vllm_engine):
+    """Harness-sized prompts at once, 50k tokens against a step's 32k budget (the module's context): vLLM would
+    prefill one of them in part, which crashes its CPU model runner for a seeded request; the worker makes it wait
+    for the next step instead."""
+    async def scenario():
+        prompts = [(PROMPT * 1000)[i:i + 10_000] for i in range(5)]
+        return prompts, await asyncio.gather(*[vllm_engine.generate(prompt, SamplingParams(max_tokens=3, seed=i))
+                                               for i, prompt in enumerate(prompts)])
+
+    prompts, results = run(scenario())
+    for prompt, result in zip(prompts, results, strict=True):
+        assert len(result.token_ids) == 3 and result.routed_experts.shape[0] == len(prompt) + 3
+
+
 def test_stop_tokens_and_stop_strings_end_the_generation(vllm_engine, tokenizer):
     free = run(vllm_engine.generate(PROMPT, SamplingParams(max_tokens=12, seed=5)))
     index = next(i for i, token in enumerate(free.token_ids) if i >= 2 and token not in free.token_ids[:i])

@@ -83,9 +83,11 @@ def make_engine(options: argparse.Namespace):
     else:  # a fixed KV cache: by default vLLM reserves most of the machine's memory on CPU and refuses to start
         check_cpu_head_dim(options.model)
         extra.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
-        # A prompt prefilled in one step: a seeded request prefilled in chunks crashes vLLM's CPU model runner (it
-        # rewinds the request's generator, which CPU generators cannot do).
+        # Every prompt prefilled in one step: a seeded request prefilled in chunks crashes vLLM's CPU model runner
+        # (it rewinds the request's generator, which CPU generators cannot do). A step's budget holds the longest
+        # prompt, and without chunked prefill a prompt that does not fit what is left of a step waits for the next.
         extra.setdefault("max_num_batched_tokens", max(options.max_model_len, 2048))
+        extra.setdefault("enable_chunked_prefill", False)
         if moe_shape(options.model) is not None:  # lego.engine.vllm_routing needs every token computed, eagerly
             extra.setdefault("enable_prefix_caching", False)
             extra.setdefault("enforce_eager", True)
