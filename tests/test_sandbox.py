@@ -89,19 +89,29 @@ def test_output_that_arrives_with_the_engines_reply_is_kept(factory, calc_image,
     with factory.open(calc_image) as sandbox:
         api = sandbox.client.api
         begin = http.client.HTTPResponse.begin
+        held = []  # the exec whose start reply is read only once its command has exited
 
         def late_begin(response):
-            time.sleep(0.3)  # the command has printed and exited before its reply's headers are read
+            if held:
+                exec_id = held.pop()  # popped first: the inspect calls below read their replies unheld
+                deadline = time.monotonic() + 60
+                while api.exec_inspect(exec_id)["ExitCode"] is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(0.2)  # the engine writes the output before it records the exit; let it reach the socket
             return begin(response)
 
+        def create(command, **options):
+            exec_id = api.exec_create(sandbox.container.id, command, **options)["Id"]
+            held.append(exec_id)
+            return exec_id
+
         monkeypatch.setattr(http.client.HTTPResponse, "begin", late_begin)
-        quick = api.exec_create(sandbox.container.id, ["sh", "-c", "echo out; echo err >&2"])["Id"]
+        quick = create(["sh", "-c", "echo out; echo err >&2"])
         assert b"".join(api.exec_start(quick, stream=True)) == b""  # docker-py's own reading loses it
-        again = api.exec_create(sandbox.container.id, ["sh", "-c", "echo out; echo err >&2"])["Id"]
+        again = create(["sh", "-c", "echo out; echo err >&2"])
         assert sorted(run_exec(api, again).split()) == [b"err", b"out"]
         assert sandbox.exec("git branch -a").output.strip().startswith("*")
-        shell = ExecStream(api, api.exec_create(sandbox.container.id, ["sh", "-c", "echo ready"], tty=True)["Id"],
-                           tty=True)
+        shell = ExecStream(api, create(["sh", "-c", "echo ready"], tty=True), tty=True)
         try:
             assert shell.pending() == b"ready\r\n"
         finally:
