@@ -329,6 +329,38 @@ def test_the_proxy_serves_the_openai_client_from_vllm_streamed_and_not(vllm_engi
         proxy.close()
 
 
+def test_forced_calls_and_structured_outputs_are_decoded_under_their_grammar(vllm_engine, reference, tokenizer):
+    """What tests/test_proxy_constraints.py asks of the transformers engine, asked of vLLM (its structured outputs,
+    with the grammar the transformers engine applies): a named call, `required` and Anthropic's `any` (streamed) are
+    tool calls of the request's tools, the structured outputs valid JSON of the schema; each recorded log-prob is the
+    masked distribution's (0 where the grammar allowed one token); a schema xgrammar refuses is the protocol's 400,
+    and the worker serves on."""
+    import functools
+
+    from constraint_asks import (
+        any_call_streamed,
+        ask_at_once,
+        json_answer,
+        json_answer_streamed,
+        masked_logprobs_check,
+        named_call,
+        refused_schema,
+        required_calls,
+    )
+
+    engine = RecordingEngine(vllm_engine)
+    proxy = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=160))
+    proxy.engine = engine
+    try:
+        sessions = ask_at_once(proxy, [named_call, functools.partial(required_calls, parallel=True),
+                                       any_call_streamed, json_answer, json_answer_streamed, named_call])
+        masked_logprobs_check(proxy, sessions[0], tokenizer, lambda ids: run(reference.score(ids)))
+        refused_schema(proxy)
+        ask_at_once(proxy, [functools.partial(required_calls, parallel=False)])
+    finally:
+        proxy.close()
+
+
 @pytest.mark.docker
 def test_a_claude_code_rollout_is_served_from_vllm_as_it_samples(vllm_engine, reference, lego_config, work_dir,
                                                                   docker_engine, base_image):

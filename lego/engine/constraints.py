@@ -28,6 +28,7 @@ lego/engine/grammar_mask.py compiles and applies them.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ CALL_SEPARATOR = "\n"
 # few levels deep; a tool call's arguments, which the template writes on one line (`{"a": 1, "b": 2}`), for that.
 JSON_WHITESPACE = 16
 ARGUMENTS_WHITESPACE = 2
+_NATIVE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # "[08:27:43] /project/cpp/file.cc:4950: " of a C++ error
 
 
 class ConstraintError(LegoError):
@@ -69,6 +71,15 @@ class Constraint:
     @property
     def format(self) -> dict[str, Any]:
         return json.loads(self.structural_tag)["format"]
+
+
+def unenforceable(constraint: Constraint, error: str) -> ConstraintError:
+    """The error for a constraint an engine's grammar library refused; `error` is the library's message, whose
+    last line says why."""
+    lines = error.strip().splitlines()
+    reason = _NATIVE_PREFIX.sub("", lines[-1]) if lines else "its grammar library refused it"
+    return ConstraintError(f"'{constraint.param}' asks for {constraint.what}, which the engine cannot enforce "
+                           f"({reason}); simplify the JSON schema (or leave the constraint out)", constraint.param)
 
 
 def _constraint(elements: list[dict[str, Any]], param: str, what: str) -> Constraint:

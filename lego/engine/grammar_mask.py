@@ -8,19 +8,17 @@ samples, so the token sampled, and its log-prob, come from the masked distributi
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
 import xgrammar as xgr
 
-from lego.engine.constraints import Constraint, ConstraintError
+from lego.engine.constraints import Constraint, unenforceable
 from lego.errors import ModelError
 
 _BITS = torch.arange(32, dtype=torch.int32)
 COMPILED_CACHE = 64  # compiled grammars a process keeps (a harness sends the same few tool sets again and again)
-_NATIVE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # "[08:27:43] /project/cpp/file.cc:4950: " of a C++ error
 
 
 class GrammarMasks:
@@ -45,10 +43,7 @@ class GrammarMasks:
         try:
             compiled = self.compiler.compile_structural_tag(constraint.structural_tag)
         except RuntimeError as exc:  # xgrammar's InvalidJSONError, InvalidStructuralTagError and schema errors
-            reason = _NATIVE_PREFIX.sub("", str(exc).strip().splitlines()[-1]) if str(exc).strip() else type(exc).__name__
-            raise ConstraintError(f"'{constraint.param}' asks for {constraint.what}, which the engine cannot "
-                                  f"enforce ({reason}); simplify the JSON schema (or leave the constraint out)",
-                                  constraint.param) from exc
+            raise unenforceable(constraint, str(exc) or type(exc).__name__) from exc
         self._compiled[constraint.structural_tag] = compiled
         if len(self._compiled) > COMPILED_CACHE:
             self._compiled.popitem(last=False)

@@ -12,6 +12,10 @@
 - Routing: on CUDA the worker asks vLLM for `routed_experts` (`[tokens fed, layers, top_k]`; vLLM never feeds the
   last sampled token, whose row is filled with zeros here: a token's routing only shapes the prediction of the next
   token, and there is none). On CPU the same rows come from lego.engine.vllm_routing's capture of the routers.
+- Constraints (`SamplingParams.constraint`) are vLLM's structured outputs with the constraint's xgrammar
+  structural tag, the grammar the transformers engine applies: vLLM masks the logits before its sampler, so each
+  log-prob is the masked distribution's, as there. A structural tag xgrammar refuses fails its request alone, with
+  the ConstraintError the proxy answers with a 400.
 - Stop strings: vLLM detokenizes only for requests that have them and ends on the token that completes one,
   keeping that token; the matched string comes back as the stop reason.
 - `load_checkpoint` loads the new weights into the running worker (vLLM's in-place reload: 0.1 s on the test
@@ -47,6 +51,7 @@ import numpy as np
 from lego import REPO_ROOT
 from lego.engine.base import GenerateResult, SamplingParams, TokenChunk
 from lego.engine.checkpoint import policy_version as read_policy_version
+from lego.engine.constraints import unenforceable
 from lego.engine.vllm_env import EngineUnavailableError, require_vllm_python, vllm_python
 from lego.errors import ModelError, tail
 
@@ -118,7 +123,7 @@ def _routing(message: dict) -> np.ndarray | None:
 class VLLMEngine:
     """The Engine protocol over a vLLM worker process (see the module docstring)."""
 
-    constrained_decoding = False  # SamplingParams.constraint is not passed to vLLM's structured outputs yet
+    constrained_decoding = True  # SamplingParams.constraint goes to vLLM's structured outputs (xgrammar)
     keep_warm = True  # lego.engine.pool keeps it between stages: a start takes tens of seconds, new weights 0.1 s
 
     def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_context: int | None = None,
@@ -276,7 +281,8 @@ class VLLMEngine:
         max_tokens = min(sampling.max_tokens, self.max_context - len(prompt_ids))
         request_id, queue = await self._request({"op": "generate", "prompt_ids": list(prompt_ids), "sampling": {
             "temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": max_tokens,
-            "stop_token_ids": list(sampling.stop_token_ids), "stop": list(sampling.stop), "seed": sampling.seed}})
+            "stop_token_ids": list(sampling.stop_token_ids), "stop": list(sampling.stop), "seed": sampling.seed,
+            "structural_tag": sampling.constraint.structural_tag if sampling.constraint else None}})
         token_ids: list[int] = []
         logprobs: list[float] = []
         finished = False
@@ -289,6 +295,8 @@ class VLLMEngine:
                 for message in messages:
                     if "error" in message:
                         finished = True
+                        if "grammar_error" in message and sampling.constraint is not None:
+                            raise unenforceable(sampling.constraint, message["grammar_error"])
                         raise ModelError(f"vLLM failed a generation: {message['error']}")
                     token_ids.extend(message.get("token_ids", ()))
                     logprobs.extend(message.get("logprobs", ()))

@@ -5,6 +5,7 @@ repository on PYTHONPATH; it imports only the standard library and vLLM (never t
 dependencies that environment lacks). It connects to the socket its parent listens on and speaks JSON lines:
 
   parent -> worker  {"op": "generate", "id", "prompt_ids", "sampling": {...}} | {"op": "score", "id", "token_ids"}
+                    (sampling's "structural_tag": an xgrammar structural tag the sampled tokens must follow)
                     {"op": "load_weights", "id", "path"} | {"op": "abort", "id"} | {"op": "shutdown"}
   worker -> parent  {"op": "ready"}                                      once the model is loaded
                     {"id", "token_ids", "logprobs"}                      tokens sampled since the last message
@@ -13,6 +14,7 @@ dependencies that environment lacks). It connects to the socket its parent liste
                     {"id", "done": true, "logprobs"}                      a score's answer
                     {"id", "done": true, "seconds"}                       the new weights are in place
                     {"id", "error"}                                       a request that failed
+                    {"id", "error", "grammar_error"}                      a structural tag xgrammar refused
 
 One process: vLLM's `LLMEngine` runs in-process (no engine-core or executor processes, each of which would import
 vLLM again: a minute on a busy 2-core machine), and this loop steps it while it has requests, reading the socket
@@ -97,12 +99,76 @@ def make_engine(options: argparse.Namespace):
     return LLMEngine.from_engine_args(args, enable_multiprocessing=False)
 
 
-def sampling_params(sampling: dict):
+class GrammarError(ValueError):
+    """A request's structural tag that xgrammar cannot compile (the parent's ConstraintError)."""
+
+
+class StructuralTags:
+    """The grammar check for requests with a constraint, in place of vLLM's.
+
+    vLLM checks a structural tag with no tokenizer at hand (`validate_xgrammar_grammar`), so it refuses every tag
+    with a `token` format, which only the vocabulary resolves: the `<tool_call>` that opens a call, the empty think
+    block. Its compiler has the vocabulary and takes them. So each tag is compiled here with the vocabulary, as the
+    transformers engine compiles it (which also gives xgrammar's own reason for a tag it refuses), and vLLM's check
+    passes tags on. xgrammar's compile cache is off in both compilers: in 0.2.8 it hands a tag the token masks of
+    another that differs only in the ids of its `token` formats (lego/engine/grammar_mask.py).
+
+    Made before the engine, so that vLLM's compiler, built at its first constrained request, is built uncached."""
+
+    KEEP = 64  # checked tags remembered (a harness sends the same few tool sets again and again)
+
+    def __init__(self) -> None:
+        import xgrammar as xgr
+        from vllm.v1.structured_output import backend_xgrammar
+
+        self.compiler = None  # made at the first constrained request: it reads the whole vocabulary
+        self.checked: dict[str, None] = {}
+        vllm_check = backend_xgrammar.validate_xgrammar_grammar
+
+        def validate(sampling_params) -> None:
+            if not sampling_params.structured_outputs.structural_tag:
+                vllm_check(sampling_params)  # anything else as vLLM checks it
+
+        backend_xgrammar.validate_xgrammar_grammar = validate  # vLLM imports it from the module at each check
+        original = xgr.GrammarCompiler.__init__
+
+        def uncached(compiler, tokenizer_info, **options):
+            original(compiler, tokenizer_info, **{**options, "cache_enabled": False})
+
+        xgr.GrammarCompiler.__init__ = uncached
+
+    def structured_outputs(self, engine, structural_tag: str | None):
+        """vLLM's structured outputs for a request's structural tag, once it compiles (GrammarError if not)."""
+        if structural_tag is None:
+            return None
+        import xgrammar as xgr
+        from vllm.sampling_params import StructuredOutputsParams
+
+        if structural_tag not in self.checked:
+            if self.compiler is None:
+                info = xgr.TokenizerInfo.from_huggingface(engine.get_tokenizer(),
+                                                          vocab_size=engine.model_config.get_vocab_size())
+                self.compiler = xgr.GrammarCompiler(info, max_threads=1)
+            try:
+                self.compiler.compile_structural_tag(structural_tag)
+            except Exception as exc:
+                raise GrammarError(str(exc) or type(exc).__name__) from exc
+            self.checked[structural_tag] = None
+            if len(self.checked) > self.KEEP:
+                self.checked.pop(next(iter(self.checked)))
+        return StructuredOutputsParams(structural_tag=structural_tag)
+
+
+def sampling_params(sampling: dict, structured_outputs=None):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     stop = list(sampling.get("stop") or ())
     return SamplingParams(
+        # The grammar's mask is applied to the logits before the sampler, so `raw_logprobs` are the masked
+        # distribution's, as the transformers engine reports; once the grammar is complete only the stop ids are
+        # allowed (vLLM's matcher takes the request's stop ids).
+        structured_outputs=structured_outputs,
         temperature=sampling["temperature"], top_p=sampling["top_p"], max_tokens=sampling["max_tokens"],
         stop_token_ids=list(sampling.get("stop_token_ids") or ()), seed=sampling.get("seed"), logprobs=0,
         ignore_eos=True,  # only the caller's stop ids end a generation, as in the transformers engine
@@ -156,8 +222,10 @@ def repack_cpu_layers(model) -> None:
 
 
 class Worker:
-    def __init__(self, engine, connection: socket.socket, routing=None, model: str = "") -> None:
+    def __init__(self, engine, connection: socket.socket, routing=None, model: str = "",
+                 tags: StructuralTags | None = None) -> None:
         self.engine = engine
+        self.tags = tags or StructuralTags()
         self.model = model  # the checkpoint the model's weights come from
         self.connection = connection
         self.routing = routing  # a lego.engine.vllm_routing.RoutingCapture, where vLLM does not report routing
@@ -205,7 +273,8 @@ class Worker:
         except Exception as exc:  # a request vLLM refuses fails alone; the worker serves on
             self.kinds.pop(request_id, None)
             self.forget(request_id)
-            self.send({"id": request_id, "error": f"{type(exc).__name__}: {exc}"})
+            refused = {"grammar_error": str(exc)} if isinstance(exc, GrammarError) else {}
+            self.send({"id": request_id, "error": f"{type(exc).__name__}: {exc}", **refused})
         return True
 
     def load_weights(self, request_id: str, path: str) -> None:
@@ -224,7 +293,8 @@ class Worker:
         from vllm import SamplingParams, TokensPrompt
 
         if op == "generate":
-            prompt, params = message["prompt_ids"], sampling_params(message["sampling"])
+            structured = self.tags.structured_outputs(self.engine, message["sampling"].get("structural_tag"))
+            prompt, params = message["prompt_ids"], sampling_params(message["sampling"], structured)
         elif op == "score":
             prompt = message["token_ids"]
             params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
@@ -311,6 +381,7 @@ class Worker:
 
 def main(options: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    tags = StructuralTags()
     engine = make_engine(options)
     routing = None
     shape = moe_shape(options.model)
@@ -320,7 +391,7 @@ def main(options: argparse.Namespace) -> None:
         routing = install(engine, *shape)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(options.socket)
-    worker = Worker(engine, connection, routing, options.model)
+    worker = Worker(engine, connection, routing, options.model, tags)
     worker.send({"op": "ready"})
     try:
         worker.serve()
