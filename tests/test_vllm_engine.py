@@ -460,6 +460,88 @@ def test_the_rollout_stage_with_engine_kind_vllm_stores_what_vllm_sampled(vllm_e
     np.testing.assert_array_equal(np.concatenate(stored_logprobs), vllm_logprobs)
 
 
+class _VerlServer:
+    """verl's LLM server client (`generate` -> TokenOutput) over the module's vLLM engine, in place of the client
+    verl's AgentLoopManager builds over the vLLM rollout replicas it starts on GPUs. vLLM's routing is of the tokens
+    it fed: all but the last sampled one, as verl's vLLM server returns it."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **_):
+        from verl.workers.rollout.replica import TokenOutput
+
+        sampling = SamplingParams(temperature=sampling_params["temperature"], top_p=sampling_params["top_p"],
+                                  max_tokens=sampling_params["max_tokens"], seed=sampling_params.get("seed"),
+                                  stop_token_ids=tuple(sampling_params["stop_token_ids"]))
+        result = await self.engine.generate(prompt_ids, sampling)
+        return TokenOutput(token_ids=result.token_ids, log_probs=result.logprobs,
+                           routed_experts=result.routed_experts[:-1])
+
+
+@pytest.mark.docker
+def test_verls_agent_loop_worker_runs_a_graded_harness_rollout_over_vllm(vllm_engine, reference, model_path,
+                                                                         docker_engine, base_image, tmp_path,
+                                                                         monkeypatch):
+    """The GPU path's rollout half, on CPU: a row `lego data export` wrote, read by verl's RLHFDataset, goes through
+    verl's own AgentLoopWorker (what its AgentLoopManager runs the agent loops in) to the `lego_harness` loop of
+    configs/gpu/agent_loops.yaml and its rollout function (lego.rollout.verl: the config's harness in a sandbox,
+    through the proxy, graded by the verifier), every token sampled by vLLM through verl's server client. verl's
+    batch holds vLLM's tokens, log-probs and routing, and the verifier's reward."""
+    from hydra import compose, initialize_config_dir
+    from verl import __file__ as verl_init
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    import lego.rollout.verl
+    import lego.train.verl_agent_loop  # noqa: F401  (registers the lego_harness loop with verl)
+    from lego import REPO_ROOT
+    from lego.data.export import write_verl_rl_dataset
+
+    installed("mini-swe-agent")
+    config = tmp_path / "verl-rollout.yaml"
+    config.write_text(f"base: test.yaml\nharness: {{name: mini-swe-agent, max_turns: 2, timeout_s: 180}}\n"
+                      f"sampling: {{max_tokens: 12}}\ndocker: {{host: '{docker_engine.base_url}'}}\n")
+    monkeypatch.setenv("LEGO_CONFIG", str(config))
+    monkeypatch.setattr(lego.rollout.verl, "_worker", {})  # what the rollout function opens once per process
+    with initialize_config_dir(config_dir=str(Path(verl_init).parent / "trainer" / "config"), version_base=None):
+        verl_config = compose("ppo_trainer", overrides=[
+            f"actor_rollout_ref.model.path={model_path}", "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.calculate_log_probs=true",
+            "actor_rollout_ref.rollout.prompt_length=8192", "actor_rollout_ref.rollout.response_length=4096",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=lego_harness",
+            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={REPO_ROOT / 'configs/gpu/agent_loops.yaml'}",
+            "data.return_raw_chat=true"])
+    served = RecordingEngine(vllm_engine)
+    agent_loops = AgentLoopWorker(verl_config, _VerlServer(served))
+    rows = RLHFDataset(data_files=[str(write_verl_rl_dataset([bundled_task()], tmp_path / "rl.parquet"))],
+                       tokenizer=agent_loops.tokenizer, config=verl_config.data, processor=None)
+    output = run(agent_loops.generate_sequences(DataProto.from_single_dict(collate_fn([rows[0]]))))
+
+    assert output.non_tensor_batch["task_id"][0] == bundled_task().instance_id
+    batch = {key: output.batch[key][0].numpy() for key in ("responses", "response_mask", "rollout_log_probs",
+                                                           "rm_scores", "input_ids", "attention_mask",
+                                                           "routed_experts")}
+    sampled = batch["response_mask"] == 1
+    # verl trains one sequence per row: the trajectory's last main segment, whose replies are vLLM's last ones
+    replies = served.results[-int((sampled & ~np.append(False, sampled[:-1])).sum()):]
+    assert batch["responses"][sampled].tolist() == [token for result in replies for token in result.token_ids]
+    np.testing.assert_array_equal(batch["rollout_log_probs"][sampled],
+                                  np.concatenate([np.asarray(result.logprobs, dtype=np.float32) for result in replies]))
+    # graded in a fresh sandbox: the random policy's patch does not resolve the task
+    assert output.non_tensor_batch["outcome"][0] in ("unresolved", "agent_timeout") and batch["rm_scores"].sum() == 0
+    mask = batch["attention_mask"] == 1
+    first, length = int(mask[:8192].sum()), int(mask[8192:].sum())  # the prompt's tokens, the response's
+    tokens, sampled = batch["input_ids"][mask].tolist(), sampled[:length]
+    logprobs, routing = run(reference.score_with_routing(tokens, first=first))
+    np.testing.assert_allclose(batch["rollout_log_probs"][:length][sampled],
+                               np.asarray(logprobs, dtype=np.float32)[sampled], atol=1e-4)
+    fed = np.ones(len(tokens), dtype=bool)
+    fed[first:] = ~(sampled & ~np.append(sampled[1:], False))  # a reply's last token is never fed to vLLM
+    np.testing.assert_array_equal(np.sort(batch["routed_experts"][mask][fed], -1), np.sort(routing[fed], -1))
+
+
 def test_without_a_vllm_environment_the_engine_says_how_to_get_one(model_path, tmp_path, monkeypatch):
     from lego.engine.vllm_engine import EngineUnavailableError, VLLMEngine
 

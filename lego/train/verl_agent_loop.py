@@ -139,6 +139,7 @@ def trajectory_to_output(trajectory: Trajectory, reward: float | None, response_
         extra_fields={"rollout_id": trajectory.rollout_id, "task_id": trajectory.task_id,
                       "harness": trajectory.harness, "policy_version": trajectory.policy_version,
                       "termination": str(trajectory.termination), "segments": len(trajectory.main_segments),
+                      "outcome": trajectory.metadata.get("outcome", ""),  # the verifier's verdict, where it graded
                       "turn_scores": [], "tool_rewards": []},
     )
 
