@@ -43,6 +43,10 @@ class DockerConfig(Section):
     # engine must share this machine's file system), "tunnel" (over the engine's exec stream, for any engine:
     # lego/sandbox/tunnel.py), "auto" (mount for an engine on a local unix socket, the tunnel otherwise).
     proxy_channel: Literal["auto", "mount", "tunnel"] = "auto"
+    # How a sandbox reads the worker's read-only directories (a harness install, the grading runner): "bind" (bind
+    # mounts; the engine must share this machine's file system), "volume" (copied once per content into a volume on
+    # the engine: lego/sandbox/content_volume.py), "auto" (bind for an engine on a local unix socket, else volume).
+    files_channel: Literal["auto", "bind", "volume"] = "auto"
 
 
 class TinyModelSpec(Section):

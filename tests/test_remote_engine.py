@@ -175,3 +175,67 @@ def test_a_rollout_on_a_remote_engine_records_its_tokens(remote_engine, lego_con
     assert sampled > 0 and all(segment.routed_experts is not None for segment in trajectory.segments)
     transcript = Path(trajectory.metadata["transcripts"][0]).read_text()
     assert "ON-REMOTE" in transcript
+
+
+def _content_volumes(engine) -> dict[str, str]:
+    """The content volumes on `engine`: the directory each holds -> its name."""
+    from lego.sandbox.content_volume import CONTENT_LABEL
+
+    return {volume.attrs["Labels"][CONTENT_LABEL]: volume.name
+            for volume in engine.volumes.list(filters={"label": CONTENT_LABEL}) if not volume.name.endswith("-ready")}
+
+
+def test_grading_runs_on_the_remote_engine_with_its_runner_copied_there(remote_engine, lego_config, base_image,
+                                                                        calc_task):
+    """The verifier on an engine that shares no file system with the worker: its runner (a read-only bind mount on
+    a local engine) travels as a content volume, and the gold patch is graded resolved and the empty one not,
+    with every grading sandbox on that engine."""
+    from lego.verify.grader import Verifier
+    from lego.verify.pytest_grading import RUNNER_DIR
+
+    verifier = Verifier(remote_engine, base_image, lego_config.sandbox, lego_config.verify)
+    assert verifier.factory.files_channel == "volume"
+    assert verifier.verify(calc_task, diff=calc_task.patch).kind.value == "resolved"
+    assert verifier.verify(calc_task, diff="").kind.value == "unresolved"
+    assert str(RUNNER_DIR.resolve()) in _content_volumes(remote_engine)
+
+
+def test_a_sandbox_harness_solves_a_task_on_the_remote_engine_and_is_graded_there(remote_engine, lego_config,
+                                                                                  work_dir, base_image,
+                                                                                  tiny_model_path):
+    """Claude Code runs inside the sandbox: its install, a bind mount on a local engine, reaches the remote engine
+    as a content volume, and the scripted gold replies (through the tunnel to the proxy) solve the bundled task,
+    graded resolved on the same engine."""
+    from rollout_helpers import bundled_task, gold_script, installed, with_overrides
+
+    from lego.engine.scripted import ScriptedEngine as PolicyScript
+    from lego.engine.tokenizer import load_tokenizer
+    from lego.engine.transformers_engine import TransformersEngine
+    from lego.records import TerminationReason
+    from lego.rollout.attempt import run_rollout
+    from lego.rollout.resources import rollout_resources
+    from lego.verify.grader import Verifier
+
+    _, install = installed("claude-code")
+    task = bundled_task()
+    config = with_overrides(lego_config, harness={"name": "claude-code", "max_turns": 6, "timeout_s": 240},
+                            sampling={"max_tokens": 2048})
+    scorer = TransformersEngine(tiny_model_path, dtype="bfloat16", max_context=32768)
+    engine = PolicyScript(scorer, load_tokenizer(), gold_script("claude-code", task))
+    host = remote_engine.api.base_url.replace("http://", "tcp://")
+
+    async def go():
+        async with rollout_resources(config, work_dir, engine, harness="claude-code", docker_client=remote_engine,
+                                     docker_host=host, base_image=base_image) as (adapter, resources):
+            assert resources.factory.files_channel == "volume"
+            return await run_rollout(task, adapter, resources=resources, config=config, rollout_id="remote-cc")
+
+    try:
+        trajectory = asyncio.run(go())
+    finally:
+        scorer.close()
+    assert trajectory.termination == TerminationReason.completed, trajectory.harness_log[-3000:]
+    assert "+" in trajectory.final_diff and {call.protocol for call in trajectory.calls} == {"anthropic_messages"}
+    assert str((install / "install").resolve()) in _content_volumes(remote_engine)
+    outcome = Verifier(remote_engine, base_image, lego_config.sandbox, lego_config.verify).verify(task, trajectory)
+    assert outcome.kind.value == "resolved", outcome

@@ -64,6 +64,7 @@ async def rollout_resources(config: LegoConfig, work, engine, *, harness: str | 
                                            work_root=Path(work.root), docker_host=docker_host)
         else:
             factory = DockerSandboxFactory(docker_client, config.sandbox, base_image=base_image,
-                                           proxy_channel=config.docker.proxy_channel)
+                                           proxy_channel=config.docker.proxy_channel,
+                                           files_channel=config.docker.files_channel)
         yield adapter, RolloutResources(proxy=proxy, factory=factory, docker_host=docker_host, install_dir=install,
                                         artifacts_dir=Path(work.artifacts) / "transcripts")

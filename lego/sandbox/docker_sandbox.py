@@ -597,6 +597,17 @@ def resolve_proxy_channel(channel: str, client: docker.DockerClient) -> str:
     return channel
 
 
+def resolve_files_channel(channel: str, client: docker.DockerClient) -> str:
+    """How a sandbox reads the worker's read-only directories (`open`'s mounts): "bind" (bind mounts; the engine must
+    share this machine's file system) or "volume" (copied once per content into a volume on the engine:
+    lego/sandbox/content_volume.py); "auto" binds on an engine on a local unix socket and copies otherwise."""
+    if channel == "auto":
+        return "bind" if engine_is_local(client) else "volume"
+    if channel not in ("bind", "volume"):
+        raise SandboxError(f"unknown files channel {channel!r}; set docker.files_channel to auto, bind or volume")
+    return channel
+
+
 class DockerSandboxFactory:
     """Opens sandboxes from task images with the configured limits (lego.sandbox.SandboxFactory); task images are
     built on `base_image` when missing."""
@@ -604,11 +615,12 @@ class DockerSandboxFactory:
     proxy_socket_uid = KEEPER_UID  # the relay runs as the keeper: the agent cannot connect to the socket itself
 
     def __init__(self, client: docker.DockerClient, config: SandboxConfig, reap: bool = True,
-                 base_image: str | None = None, proxy_channel: str = "auto"):
+                 base_image: str | None = None, proxy_channel: str = "auto", files_channel: str = "auto"):
         self.client = client
         self.config = config
         self.base_image = base_image
         self.proxy_channel = resolve_proxy_channel(proxy_channel, client)
+        self.files_channel = resolve_files_channel(files_channel, client)
         _install_signal_handlers()
         if reap:
             reap_stale_containers(client)
@@ -638,7 +650,7 @@ class DockerSandboxFactory:
         `volumes` maps scratch volumes (scratch_volume) to writable container paths; `last_command` makes the
         sandbox end with it (see the module docstring); `repository=False` skips copying the repository in."""
         cfg = self.config
-        binds = {host: {"bind": target, "mode": "ro"} for host, target in (mounts or {}).items()}
+        binds = {self._readable(host): {"bind": target, "mode": "ro"} for host, target in (mounts or {}).items()}
         binds.update({name: {"bind": target, "mode": "rw"} for name, target in (volumes or {}).items()})
         if proxy_socket_dir is not None and self.proxy_channel == "mount":
             binds[str(proxy_socket_dir)] = {"bind": PROXY_MOUNT, "mode": "ro"}
@@ -675,6 +687,17 @@ class DockerSandboxFactory:
         if proxy_socket_dir is not None and self.proxy_channel == "tunnel":
             sandbox.tunnel_socket_dir = Path(proxy_socket_dir)
         return copy_pristine_repository(sandbox, workdir) if repository else sandbox
+
+    def _readable(self, host_path: str) -> str:
+        """What a read-only mount of the worker's `host_path` mounts on this engine: the path itself, or the content
+        volume holding a copy of it (files_channel "volume")."""
+        if self.files_channel == "bind":
+            return host_path
+        if self.base_image is None:
+            raise SandboxError("copying directories to a Docker engine needs the factory's base image (base_image=)")
+        from lego.sandbox.content_volume import ensure_content_volume
+
+        return ensure_content_volume(self.client, Path(host_path), self.base_image, self._owner_labels())
 
     @staticmethod
     def _owner_labels() -> dict[str, str]:
