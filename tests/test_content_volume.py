@@ -60,18 +60,17 @@ def test_a_directory_reaches_the_sandbox_as_a_read_only_copy(docker_engine, lego
 
 def test_workers_asking_at_once_get_one_volume_filled_once(docker_engine, base_image, directory, volumes,
                                                            monkeypatch):
-    from docker.models.containers import ContainerCollection
+    from docker.models.containers import Container
 
     client = docker_engine.client
     fills = []
-    create = ContainerCollection.create
+    put_archive = Container.put_archive
 
-    def counted(collection, *args, **kwargs):
-        container = create(collection, *args, **kwargs)
-        fills.append(kwargs["name"])
-        return container
+    def counted(container, *args, **kwargs):
+        fills.append(container.name)
+        return put_archive(container, *args, **kwargs)
 
-    monkeypatch.setattr(ContainerCollection, "create", counted)
+    monkeypatch.setattr(Container, "put_archive", counted)
     with ThreadPoolExecutor(4) as pool:
         names = list(pool.map(lambda _: ensure_content_volume(client, directory, base_image), range(4)))
     assert len(set(names)) == 1 and len(fills) == 1

@@ -123,6 +123,8 @@ def ensure_content_volume(client: docker.DockerClient, directory: Path, helper_i
                 time.sleep(0.5)  # another worker fills it
                 continue
             try:
+                if _exists(client, ready):  # another worker finished (and removed its filler) since the check
+                    continue
                 with tempfile.TemporaryFile() as archive:
                     _archive(directory, archive)
                     archive.seek(0)
