@@ -631,6 +631,7 @@ def server(
     import subprocess
     import time
 
+    from lego.child_process import ends_with_parent
     from lego.pipeline.prefect_env import launch_prefect_server
     from lego.track.tracker import tracking_uri
 
@@ -642,7 +643,7 @@ def server(
               "--port", str(mlflow_port), "--workers", "1"]
     processes["mlflow"] = subprocess.Popen(mlflow, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                                            stdout=open(work.logs / "mlflow-server.log", "ab"),
-                                           stderr=subprocess.STDOUT)
+                                           stderr=subprocess.STDOUT, preexec_fn=ends_with_parent())
     console.print(f"Prefect UI  http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL="
                   f"http://127.0.0.1:{prefect_port}/api)\nMLflow UI   http://127.0.0.1:{mlflow_port}\n"
                   f"logs in {work.logs}; Ctrl-C stops both")

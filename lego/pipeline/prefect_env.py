@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from lego.cache import cache_dir, seed_database_from
+from lego.child_process import ends_with_parent
 from lego.workdir import WorkDir
 
 
@@ -54,15 +55,16 @@ def _empty_database_template() -> Path:
 
 
 def launch_prefect_server(work: WorkDir, port: int):
-    """`prefect server start` on loopback (with its scheduler), not waited for; its log is
-    <work>/logs/prefect-server.log."""
+    """`prefect server start` on loopback (with its scheduler), not waited for, and ended when this process ends;
+    its log is <work>/logs/prefect-server.log."""
     env = {**os.environ, "PREFECT_HOME": str(work.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     seed_prefect_database(work.prefect_home)
     work.logs.mkdir(parents=True, exist_ok=True)
     log = open(work.logs / "prefect-server.log", "ab")
     return subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
-                             "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                             "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=ends_with_parent())
 
 
 def start_prefect_server(work: WorkDir, port: int, timeout_s: float = 180.0):
