@@ -9,7 +9,6 @@ asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG), which holds
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import signal
 import sys
 
@@ -19,8 +18,8 @@ PR_SET_PDEATHSIG = 1
 _prctl = None
 if sys.platform == "linux":
     try:
-        _prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except OSError:
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl  # the C library the interpreter is linked with
+    except (OSError, AttributeError):
         _prctl = None
 
 
