@@ -176,10 +176,12 @@ def run(
     from lego.pipeline.prefect_env import configure_prefect_env
     from lego.pipeline.progress import show_progress_on
     from lego.pipeline.report import RUN_LOG
+    from lego.termination import stop_on_sigterm
     from lego_cli.run_output import run_output
 
     cfg, work = _load(config, overrides)
     configure_prefect_env(work)
+    stop_on_sigterm()
     run_id = resume or new_run_id()
     log_path = work.root / "runs" / run_id / RUN_LOG
     started = time.monotonic()
@@ -334,9 +336,11 @@ def stage(
 
     from lego.config import _resolve_config_path
     from lego.pipeline.prefect_env import configure_prefect_env
+    from lego.termination import stop_on_sigterm
 
     cfg, work = _load(config, overrides)
     configure_prefect_env(work)
+    stop_on_sigterm()
     with contextlib.ExitStack() as stack:
         if cfg.pipeline.runner is None and name in ("warmstart", "filter", "baseline", "rollout", "verify", "evaluate"):
             stack.enter_context(_embedded_setup(cfg, work))
@@ -719,9 +723,11 @@ def eval_command(
     from lego.pipeline.evaluation_tracking import track_evaluation
     from lego.pipeline.progress import RunProgress
     from lego.pipeline.runners import load_runner
+    from lego.termination import stop_on_sigterm
     from lego.track.tracker import Tracker
 
     cfg, work = _load(config, overrides)
+    stop_on_sigterm()
     if run is not None and (policy is not None or policy_version is None):
         raise EvalError("--run takes --policy-version N and no --policy")
     if policy_version is not None and run is None:

@@ -45,13 +45,12 @@ def harness_rollouts(ctx: StageContext, tasks: Sequence[Task], requests: Sequenc
                      *, stage: str, iteration: int, writer: DatasetWriter, gold: bool = False) -> None:
     """The real rollouts: the harness in a Docker sandbox, its model calls through the proxy to the policy's
     engine (lego.rollout.batch). See RolloutRunner.rollout."""
-    import asyncio
-
     from lego.engine.pool import lease_engine
     from lego.rollout.batch import run_rollouts
+    from lego.termination import run_until_terminated
 
     with lease_engine(ctx.config, policy.path, policy.version, lambda line: ctx.log(f"{stage}: {line}")) as engine:
-        asyncio.run(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
+        run_until_terminated(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
                                  iteration=iteration, engine_for=gold_engines(ctx.config, engine) if gold else None))
 
 

@@ -15,7 +15,6 @@ scripted policy's tokens are scored by a checkpoint (its log-probs and routing a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -189,13 +188,14 @@ class EmptyPolicyRunner:
         from lego.engine.tokenizer import load_tokenizer
         from lego.harness.base import get_harness
         from lego.rollout.batch import run_rollouts
+        from lego.termination import run_until_terminated
 
         replies = get_harness(ctx.config.harness.name).gold_replies(NO_CHANGE_COMMAND)
         tokenizer = load_tokenizer()
         with lease_engine(ctx.config, policy.path, policy.version, lambda line: ctx.log(f"{stage}: {line}")) as engine:
-            asyncio.run(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer, stage=stage,
-                                     iteration=iteration,
-                                     engine_for=lambda task: ScriptedEngine(engine, tokenizer, replies)))
+            run_until_terminated(run_rollouts(requests, tasks, ctx.config, ctx.work, engine, writer=writer,
+                                              stage=stage, iteration=iteration,
+                                              engine_for=lambda task: ScriptedEngine(engine, tokenizer, replies)))
 
     @contextlib.contextmanager
     def grader(self, ctx) -> Iterator:
