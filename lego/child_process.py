@@ -1,5 +1,5 @@
 """Servers a command starts for as long as it runs (the Prefect and MLflow servers of `lego deploy` and
-`lego server`) end when that command ends, however it ends.
+`lego server`) and the harnesses a rollout runs beside its sandbox end when that command ends, however it ends.
 
 A command's own cleanup (a `finally` that stops its servers) does not run when it is killed; a server left behind
 keeps its port and its scheduler, and keeps launching scheduled runs with nobody serving them. On Linux the child

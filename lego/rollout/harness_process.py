@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lego.child_process import ends_with_parent
 from lego.harness.base import HarnessLaunch
 from lego.rollout.guard import TurnGuard
 from lego.sandbox import Sandbox, SandboxError
@@ -72,7 +73,10 @@ async def run_beside(launch: HarnessLaunch, timeout_s: float, scratch: Path, gua
     process = await asyncio.create_subprocess_exec(
         "bash", "-c", launch.command, cwd=scratch, env={**os.environ, **launch.env},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-        start_new_session=True)
+        start_new_session=True,
+        # forked by the thread that runs this batch's loop, which outlives the harness; if the process is killed,
+        # the harness gets SIGTERM rather than running on with no proxy to answer it
+        preexec_fn=ends_with_parent())
 
     async def kill() -> None:
         with contextlib.suppress(ProcessLookupError):
