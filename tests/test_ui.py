@@ -338,6 +338,20 @@ def test_train_steps_share_one_axis(steps, expected):
 
 
 
+@pytest.mark.parametrize(("fired", "current", "expected"), [
+    (set(), None, FINISHED),  # the page's first call
+    ({"url.search"}, LIVE, FINISHED),  # a new address
+    ({"tick.n_intervals", "url.search"}, None, FINISHED),  # the first call and a tick together (a busy machine)
+    ({"tick.n_intervals"}, None, FINISHED),  # nothing shown yet: the address still says what to show
+    ({"tick.n_intervals"}, LIVE, LIVE),  # a tick keeps the run on show
+])
+def test_the_run_shown_is_the_one_the_address_asks_for_whatever_fires_with_it(fired, current, expected):
+    from lego.ui.app import chosen_run
+
+    assert chosen_run(FINISHED, fired, current, [LIVE, FINISHED]) == expected
+    assert chosen_run(None, fired, current, [LIVE, FINISHED]) == (current or LIVE)  # no address: shown, or newest
+
+
 def test_a_render_slower_than_the_refresh_tick_is_still_shown(work, config, runs, driver, monkeypatch):
     """A busy machine makes a render take longer than the refresh period: the next tick must not outdate it (the
     browser drops an outdated answer, and with every answer outdated the page stays empty)."""

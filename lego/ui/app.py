@@ -130,6 +130,15 @@ def create_app(work: WorkDir, config: LegoConfig, runs: list[str] | None = None,
     return app
 
 
+def chosen_run(wanted: str | None, fired: set[str], current: str | None, runs: list[str]) -> str | None:
+    """The run to show: the URL's `wanted` when the URL fired or nothing is shown yet, else the one shown, else the
+    newest. Every input that fired counts, not only the first: on a busy machine the page's first call and a tick
+    arrive together, and a URL taken for a tick showed the newest run instead of the one asked for."""
+    if wanted and (not fired or "url.search" in fired or current is None):
+        return wanted
+    return current if current in runs else (runs[0] if runs else None)
+
+
 def _navigation(app: Dash, dashboard: Dashboard) -> None:
     """The run, tab and panel shown follow the URL and the run list."""
 
@@ -138,8 +147,7 @@ def _navigation(app: Dash, dashboard: Dashboard) -> None:
                   State("run", "options"))
     def choose_run(search: str | None, _tick: int | None, current: str | None, shown: list[dict] | None):
         runs = dashboard.run_ids()
-        wanted = _params(search).get("run") if ctx.triggered_id in (None, "url") else None
-        value = wanted or (current if current in runs else (runs[0] if runs else None))
+        value = chosen_run(_params(search).get("run"), set(ctx.triggered_prop_ids), current, runs)
         options = [{"label": run, "value": run} for run in runs]
         if value and value not in runs:
             options.insert(0, {"label": value, "value": value})  # asked for by the URL: say what is wrong with it
