@@ -1,8 +1,8 @@
 """The pipeline flow: taskset -> warmstart, filter, baseline (each optional) -> per iteration: rollout -> verify ->
 dataset -> train -> every k: evaluate. And `stage_flow`: one stage on top of an earlier run's artifacts.
 
-Each stage is one Prefect task (flows/stages.py) calling its lego.pipeline function; rollout is a subflow because
-its shards fan out over the task runner."""
+Each stage is one Prefect task (flows/stages.py) calling its lego.pipeline function; rollout and verify are
+subflows because their shards fan out over the task runner."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from prefect import flow, get_run_logger
 
 from flows import stages
 from flows.rollout import rollout_flow_for
+from flows.verify import verify_flow_for
 from lego.errors import LegoError
+from lego.pipeline.manifest import RunNotFoundError
 from lego.pipeline.pipeline_run import ITERATED, STAGES, PipelineRun
 
 
@@ -36,10 +38,11 @@ def run_stages(run: PipelineRun) -> None:
     if config.eval.at_start:
         stages.baseline(run_id)
     rollout = rollout_flow_for(config)
+    verify = verify_flow_for(config)
     last = config.pipeline.iterations - 1
     for iteration in range(config.pipeline.iterations):
         rollout(run_id, iteration)
-        stages.verify(run_id, iteration)
+        verify(run_id, iteration)
         stages.dataset(run_id, iteration)
         stages.train(run_id, iteration)
         if (iteration + 1) % config.eval.every == 0 or iteration == last:
@@ -75,7 +78,7 @@ def pipeline_flow(config: str = "default", overrides: list[str] | None = None, r
 
 
 STAGE_TASKS = {"taskset": stages.taskset, "warmstart": stages.warmstart, "filter": stages.filter_by_difficulty,
-               "baseline": stages.baseline, "verify": stages.verify, "dataset": stages.dataset, "train": stages.train,
+               "baseline": stages.baseline, "dataset": stages.dataset, "train": stages.train,
                "evaluate": stages.evaluate}
 
 
@@ -85,11 +88,18 @@ def stage_flow(stage: str, config: str = "default", overrides: list[str] | None 
     """Rerun one stage with the current config on top of `from_run`'s recorded artifacts (a new run id)."""
     if stage not in STAGES:
         raise LegoError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
-    run = _open(config, overrides, from_run=from_run, force=force)
+    try:
+        run = _open(config, overrides, from_run=from_run, force=force)
+    except RunNotFoundError:
+        if stage != "taskset" or from_run != "latest":
+            raise
+        run = _open(config, overrides, force=force)  # the first stage needs no earlier run
 
     def body() -> None:
         if stage == "rollout":
             rollout_flow_for(run.config)(run.run_id, iteration)
+        elif stage == "verify":
+            verify_flow_for(run.config)(run.run_id, iteration)
         elif stage in ITERATED:
             STAGE_TASKS[stage](run.run_id, iteration)
         else:

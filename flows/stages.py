@@ -1,9 +1,9 @@
 """One Prefect task per stage, each calling its lego.pipeline function and recording the result in the run.
 
-A flow calls these directly (flow -> stage task -> lego.pipeline); rollout has three (plan / shard / finish) because
-its shards fan out over the task runner (flows/rollout.py). Caching is Lego's own (artifacts keyed by a content
-hash, lego.pipeline.keys), so every task uses Prefect's NO_CACHE: a Prefect cache entry whose artifact was deleted
-must not count.
+A flow calls these directly (flow -> stage task -> lego.pipeline); rollout and verify have three (plan / shard /
+finish) because their shards fan out over the task runner (flows/rollout.py, flows/verify.py). Caching is Lego's
+own (artifacts keyed by a content hash, lego.pipeline.keys), so every task uses Prefect's NO_CACHE: a Prefect cache
+entry whose artifact was deleted must not count.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lego.pipeline.rollout_stage import RolloutPlan, finish_rollouts, plan_rollo
 from lego.pipeline.runners import load_runner
 from lego.pipeline.taskset_stage import run_taskset_stage
 from lego.pipeline.train_stage import run_train_stage
-from lego.pipeline.verify_stage import run_verify_stage
+from lego.pipeline.verify_stage import VerifyPlan, finish_verify, grade_shard, plan_verify
 from lego.pipeline.warmstart_stage import run_warmstart_stage
 from lego.rollout.requests import RolloutRequest
 from lego.workdir import WorkDir
@@ -83,10 +83,26 @@ def rollout_finish(run_id: str, plan: RolloutPlan) -> StageResult:
     return run.record(finish_rollouts(run.ctx, plan))
 
 
-@task(name="verify", cache_policy=NO_CACHE)
-def verify(run_id: str, iteration: int) -> StageResult:
+@task(name="verify-plan", cache_policy=NO_CACHE)
+def verify_plan(run_id: str, iteration: int) -> VerifyPlan:
     run = get_run(run_id)
-    return run.record(run_verify_stage(run.ctx, run.result("rollout", iteration), run.task_list()))
+    return plan_verify(run.ctx, run.result("rollout", iteration), run.task_list())
+
+
+@task(name="verify-shard", cache_policy=NO_CACHE)
+def verify_shard(config_json: str, work_root: str, run_id: str, plan: VerifyPlan, rollout_ids: list[str]) -> int:
+    """Self-contained (no run lookup) so that it can run in another process (Ray), grading on that worker's
+    engine."""
+    config = LegoConfig.model_validate_json(config_json)
+    ctx = StageContext(config=config, work=WorkDir(Path(work_root)), run_id=run_id,
+                       runner=load_runner(config.pipeline.runner))
+    return grade_shard(ctx, plan, rollout_ids)
+
+
+@task(name="verify-finish", cache_policy=NO_CACHE)
+def verify_finish(run_id: str, plan: VerifyPlan) -> StageResult:
+    run = get_run(run_id)
+    return run.record(finish_verify(run.ctx, plan))
 
 
 @task(name="dataset", cache_policy=NO_CACHE)

@@ -256,9 +256,12 @@ class EvalConfig(Section):
 
 class PipelineConfig(Section):
     iterations: int = Field(1, ge=1)
-    # How rollouts fan out: Prefect's thread pool, or Ray (prefect-ray) where installed.
+    # How rollouts and their grading fan out: Prefect's thread pool, or Ray (prefect-ray) where installed.
     task_runner: Literal["thread", "ray"] = "thread"
     rollout_shards: int = Field(1, ge=1)  # rollout requests are split into this many Prefect tasks
+    # The verify stage's rollouts are graded in this many Prefect tasks, each on its worker's engine (None: as many
+    # as rollout_shards; 1: graded in the flow's own process).
+    verify_shards: int | None = Field(None, ge=1)
     ray_address: str | None = None  # None: a local Ray; "auto" or ray://host:10001 for a cluster
     # "package.module:Class" to replace the real rollout/grading stack (tests); None: the real one.
     runner: str | None = None

@@ -232,6 +232,17 @@ def _embedded_setup(cfg, work, out=None):
     def context():
         started = time.monotonic()
         terminal = out.terminal if out is not None else console
+        if cfg.pipeline.task_runner == "ray" and cfg.pipeline.ray_address is not None:
+            # A cluster: each worker's shards use that worker's engine and install their harness there; this
+            # process (the head) samples and grades nothing itself.
+            tokenizer = ensure_tokenizer()
+            policy = None
+            if cfg.model.path is None:
+                policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)
+            parts = [f"Ray cluster {cfg.pipeline.ray_address} (each worker's own Docker engine)",
+                     f"tokenizer {tokenizer}"] + ([f"policy {policy}"] if policy is not None else [])
+            yield from _report_setup(parts, started, out, None)
+            return
         # The run's harness installs beside the rest (a first run's venv and its base image both take about a
         # minute, mostly waiting on package servers); every rollout would otherwise wait for it on first use.
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="harness-install")

@@ -12,7 +12,7 @@ sandbox, and none of the proxy or harness code that produced the attempts.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Protocol
 
 from lego.data.catalog import Catalog
@@ -49,16 +49,18 @@ def verifier_grader(ctx: StageContext) -> Iterator[Grader]:
 
 
 def grade_attempts(ctx: StageContext, tasks: Sequence[Task], *, data_run_id: str, rollout_stage: str,
-                   outcome_stage: str, iteration: int, label: str | None = None) -> list[Outcome]:
+                   outcome_stage: str, iteration: int, label: str | None = None,
+                   only: Collection[str] | None = None) -> list[Outcome]:
     """Grade every stored rollout of (data run, stage, iteration) that has no outcome of `outcome_stage` yet;
     each outcome is persisted as soon as it is known. `label` names the grading in the run's progress (default
-    `outcome_stage/iteration`)."""
+    `outcome_stage/iteration`). `only`: grade just these rollout ids (one shard of a grading fanned out over
+    workers, each on its own engine); the outcomes returned are still all of the stage's."""
     by_id = {task.instance_id: task for task in tasks}
     graded = stored_outcomes(ctx, data_run_id, outcome_stage, iteration)
     writer = DatasetWriter(ctx.work, data_run_id)
     with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
         todo = [t for t in iter_trajectory_headers(catalog, data_run_id, rollout_stage, iteration)
-                if t.rollout_id not in graded]
+                if t.rollout_id not in graded and (only is None or t.rollout_id in only)]
     if todo:
         ctx.log(f"{outcome_stage}: grading {len(todo)} rollouts")
         progress = None

@@ -1,0 +1,159 @@
+"""Issue 34: the pipeline's rollout and verify stages across a cluster on this machine (tests/local_cluster.py).
+
+A head and two worker nodes, each in its own network, mount and host-name namespaces on a private bridge; each
+worker with its own Docker engine that shares no file system with the others; the work dir on the head's disk,
+which the workers reach only over sshfs. `lego stage` runs on the head with `pipeline.task_runner: ray` and the
+head's Ray address: the rollout shards and the grading shards run in the workers' Ray processes, each with its own
+proxy and its own sandboxes on its own node's engine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from local_cluster import VENV_BIN, LocalCluster
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, base_image):
+    """The cluster, and after the module: nothing of it left."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        problems = cluster.down()
+    assert not problems, problems
+
+
+class EngineEvents:
+    """Every container created on each worker's engine, as `docker events` on that node reports it."""
+
+    def __init__(self, cluster: LocalCluster, name: str):
+        self.cluster = cluster
+        self.name = name
+        for worker in cluster.workers:
+            worker.start(f"events-{name}", ["docker", "-H", worker.docker_host, "events", "--filter",
+                                            "type=container", "--filter", "event=create", "--format", "{{json .}}"])
+
+    def stop(self) -> dict[str, list[dict]]:
+        created = {}
+        for worker in self.cluster.workers:
+            process = worker.services.pop(f"events-{self.name}")
+            process.terminate()
+            process.wait(timeout=10)
+            created[worker.name] = [json.loads(line)["Actor"]["Attributes"]
+                                    for line in worker.log(f"events-{self.name}", tail=10**7).splitlines()
+                                    if line.startswith("{")]
+        return created
+
+
+def lego_stage(cluster: LocalCluster, config: Path, stage: str, *overrides: str) -> dict:
+    result = cluster.head.run([VENV_BIN / "lego", "stage", stage, "-c", config, *overrides],
+                              env=cluster.node_env(cluster.head), timeout=600, check=False)
+    assert result.returncode == 0, f"lego stage {stage} on the head failed:\n{result.stdout[-4000:]}\n" \
+                                   f"{result.stderr[-4000:]}"
+    lines = result.stdout.splitlines()
+    return json.loads("\n".join(lines[lines.index("{"):]))  # the stage's summary, after its one-line report
+
+
+def cluster_config(cluster: LocalCluster) -> Path:
+    """Written on the head's disk (the host sees nothing at the shared path); the nodes read it at the shared path."""
+    (cluster.disk / "cluster.yaml").write_text(f"""base: test.yaml
+project:
+  work_dir: {cluster.shared / "work"}
+tasks:
+  limit: 2
+pipeline:
+  task_runner: ray
+  ray_address: "{cluster.head.address}:6379"
+  rollout_shards: 2
+docker:
+  start_private_daemon: false
+""")
+    return cluster.shared / "cluster.yaml"
+
+
+def stored_rows(cluster: LocalCluster, sql: str, params: list) -> list[dict]:
+    """Read from the head's disk, as an operator on the head would."""
+    from lego.config import load_config
+    from lego.data.catalog import Catalog
+    from lego.workdir import WorkDir
+
+    config = load_config(str(cluster.disk / "cluster.yaml"), [f"project.work_dir={cluster.disk / 'work'}"])
+    with Catalog.open(WorkDir(cluster.disk / "work"), config, in_memory=True) as catalog:
+        return catalog.rows(sql, params)
+
+
+@pytest.mark.parametrize("harness", ["mini-swe-agent", "claude-code"])
+def test_rollouts_and_their_grading_run_on_the_workers_engines(cluster, harness):
+    """mini-swe-agent runs beside its sandbox (in the worker's Ray process); Claude Code runs inside it, its
+    install copied to the worker's engine as a content volume. Either way: every rollout stored once on the shared
+    storage, each worker's engine holding the sandboxes of its own shard, and the grading on those engines."""
+    config = cluster_config(cluster)
+    overrides = [f"harness.name={harness}"]
+    lego_stage(cluster, config, "taskset", *overrides)
+    events = EngineEvents(cluster, harness)
+    try:
+        rollout = lego_stage(cluster, config, "rollout", *overrides)
+        verify = lego_stage(cluster, config, "verify", *overrides)
+    finally:
+        created = events.stop()
+
+    assert rollout["stage"]["cached"] is False and verify["stage"]["cached"] is False
+    result = json.loads((Path(rollout["stage"]["path"].replace(str(cluster.shared), str(cluster.disk)))
+                         / "result.json").read_text())
+    data_run_id = result["data"]["data_run_id"]
+    rows = stored_rows(cluster, "SELECT rollout_id, task_id FROM rollouts WHERE run_id = ? AND stage = 'rollout'",
+                       [data_run_id])
+    ids = [row["rollout_id"] for row in rows]
+    assert len(ids) == 4 and len(set(ids)) == 4, rows  # 2 tasks x 2 samples, each stored exactly once
+
+    by_node = {node: [labels for labels in containers if labels.get("lego.purpose") == "rollout"]
+               for node, containers in created.items()}
+    graded_by_node = {node: [labels for labels in containers if labels.get("lego.purpose", "").startswith("verify")]
+                      for node, containers in created.items()}
+    for worker in cluster.workers:
+        # The sandboxes on a worker's engine were opened by that worker's processes (its host name) and no other.
+        assert by_node[worker.name], f"no rollout sandbox on {worker.name}'s engine: {created}"
+        assert graded_by_node[worker.name], f"no grading on {worker.name}'s engine: {created}"
+        assert {labels["lego.host"] for labels in created[worker.name]} == {worker.name}
+    # One shard per node, whole tasks: a task's image (named by the task) is sampled on one node only.
+    rollout_images = {node: {labels["image"] for labels in sandboxes} for node, sandboxes in by_node.items()}
+    assert not set.intersection(*rollout_images.values()), rollout_images
+
+    outcomes = stored_rows(cluster, "SELECT rollout_id, kind FROM outcomes WHERE run_id = ? AND stage = ?",
+                           [data_run_id, _outcome_stage(cluster, verify)])
+    assert sorted(row["rollout_id"] for row in outcomes) == sorted(ids)
+    assert all(row["kind"] != "infra_error" for row in outcomes), outcomes
+
+    if harness == "claude-code":  # its install reached each worker's engine as a content volume
+        for worker in cluster.workers:
+            volumes = worker.run(["docker", "-H", worker.docker_host, "volume", "ls", "-q"]).stdout
+            assert "lego-content-" in volumes, volumes
+
+
+def _outcome_stage(cluster: LocalCluster, verify: dict) -> str:
+    path = Path(verify["stage"]["path"].replace(str(cluster.shared), str(cluster.disk))) / "result.json"
+    return json.loads(path.read_text())["data"]["outcome_stage"]
+
+
+def test_the_workers_reach_the_storage_only_over_the_network(cluster):
+    """The head's disk is hidden on the workers; what they see at the shared path is the sshfs mount."""
+    for worker in cluster.workers:
+        mounts = worker.run(["cat", "/proc/self/mounts"]).stdout
+        shared = [line for line in mounts.splitlines() if f" {cluster.shared} " in line]
+        assert shared and shared[-1].split()[2] == "fuse.sshfs", shared
+        assert worker.run(["ls", "-A", cluster.disk]).stdout.strip() == ""
+        assert worker.run(["ip", "-4", "-o", "addr"]).stdout.count("inet ") == 2  # loopback and its bridge address
+    marker = cluster.shared / "written-on-worker1"
+    cluster.workers[0].run(["sh", "-c", f"echo hello > {marker}"])
+    assert (cluster.disk / marker.name).read_text() == "hello\n"
+    assert cluster.workers[1].run(["cat", marker]).stdout == "hello\n"
+    for node in cluster.nodes:  # no route but the bridge's subnet: traffic only between the nodes (and loopback)
+        routes = node.run(["ip", "-4", "route"]).stdout.strip().splitlines()
+        assert len(routes) == 1 and routes[0].startswith(f"{cluster.subnet}.0/24 dev eth0"), routes
