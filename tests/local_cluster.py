@@ -36,6 +36,7 @@ VENV_BIN = Path(sys.executable).parent
 ENGINE_PORT = 2375
 PREFECT_PORT = 4200
 RAY_PORT = 6379
+OWNERS = Path("/run/lego-clusters")  # <tag>: the pid of the process that built that cluster
 NEEDS = ["ip", "unshare", "nsenter", "sshfs", "/usr/sbin/sshd", "ssh-keygen", "dockerd", "fusermount3"]
 
 
@@ -106,8 +107,9 @@ class Node:
 
     @property
     def tmp(self) -> Path:
-        """The node's TMPDIR: a short path, for the unix sockets made under it."""
-        return Path("/tmp") / self.netns
+        """The node's TMPDIR, a tmpfs of its own: one short path (for the unix sockets under it) on every node, as
+        Ray's workers take the head's temp dir (`<TMPDIR>/ray`) for theirs."""
+        return Path("/tmp") / f"{self.netns.rsplit('-', 1)[0]}-tmp"
 
     @property
     def docker_host(self) -> str:
@@ -129,6 +131,7 @@ class LocalCluster:
                       for index, name in enumerate(names)]
         self.key = root / "keys" / "id_ed25519"
         self.ray_token = secrets.token_hex(32)
+        self.ray_env: dict[str, str] = {}
 
     @property
     def head(self) -> Node:
@@ -166,6 +169,8 @@ class LocalCluster:
             self._prefect()
 
     def _network(self) -> None:
+        OWNERS.mkdir(parents=True, exist_ok=True)
+        (OWNERS / self.tag).write_text(str(os.getpid()))
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "link", "set", self.bridge, "up"])
         for index, node in enumerate(self.nodes):
@@ -236,15 +241,16 @@ class LocalCluster:
                    f"{node.name}'s Docker engine", node, "dockerd", timeout=60)
 
     def _ray(self, extra_env: dict[str, str]) -> None:
+        self.ray_env = extra_env
         ray = VENV_BIN / "ray"
-        env = self.node_env(self.head) | extra_env
+        env = self.node_env(self.head)
         self.head.run([ray, "start", "--head", "--node-ip-address", self.head.address, "--port", RAY_PORT,
                        "--num-cpus", "0", "--include-dashboard", "false", "--disable-usage-stats"], env=env,
                       timeout=180)
         for worker in self.workers:
             worker.run([ray, "start", "--address", f"{self.head.address}:{RAY_PORT}", "--node-ip-address",
                         worker.address, "--num-cpus", "1", "--resources", f'{{"{worker.name}": 1}}',
-                        "--disable-usage-stats"], env=self.node_env(worker) | extra_env, timeout=180)
+                        "--disable-usage-stats"], env=self.node_env(worker), timeout=180)
 
     def _prefect(self) -> None:
         env = self.node_env(self.head) | {"PREFECT_HOME": str(self.head.private / "prefect"),
@@ -269,7 +275,7 @@ class LocalCluster:
                     "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.ray_token})
         if node is not self.head:
             env["DOCKER_HOST"] = node.docker_host
-        return env
+        return env | self.ray_env
 
     @staticmethod
     def _wait(ready, what: str, node: Node, service: str, timeout: float = 30) -> None:
@@ -282,10 +288,12 @@ class LocalCluster:
 
     # ------------------------------------------------------------------------------------------ tearing down
     def kill_node(self, node: Node) -> None:
-        """Lose a node: every process in it killed at once, its link cut."""
+        """Lose a node: every process in it killed at once (the kernel closes their connections), then its link
+        cut."""
         for pid in node.pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        time.sleep(1)
         _run(["ip", "link", "del", f"{self.bridge}v{self.nodes.index(node)}"], check=False)
 
     def down(self) -> list[str]:
@@ -313,6 +321,7 @@ class LocalCluster:
                 problems.append(f"{node.name}: processes left {node.pids()}")
             _run(["ip", "netns", "del", node.netns], check=False)
         _run(["ip", "link", "del", self.bridge], check=False)
+        (OWNERS / self.tag).unlink(missing_ok=True)
         for node in self.nodes:
             with contextlib.suppress(OSError):
                 node.tmp.rmdir()  # empty on the host: the node's files were in its own tmpfs
@@ -329,6 +338,28 @@ class LocalCluster:
                     problems.append(f"cgroup left: {cgroup}")
         left = _run(["ip", "netns", "list"]).stdout
         problems += [f"namespace left: {line}" for line in left.splitlines() if f"lgc{self.tag}" in line]
-        if self.bridge in _run(["ip", "link"]).stdout:
-            problems.append(f"bridge left: {self.bridge}")
+        # A namespace's veth pairs go when it is deleted, asynchronously.
+        deadline = time.monotonic() + 10
+        while self.bridge in _run(["ip", "-o", "link"]).stdout and time.monotonic() < deadline:
+            time.sleep(0.2)
+        links = [line.split(":")[1].strip() for line in _run(["ip", "-o", "link"]).stdout.splitlines()]
+        problems += [f"link left: {link}" for link in links if link.split("@")[0].startswith(self.bridge)]
         return problems
+
+
+def reap_stale_clusters() -> list[str]:
+    """Tear down the clusters whose builder died without doing it (a killed test run); returns their tags."""
+    reaped = []
+    for owner in OWNERS.glob("*") if OWNERS.exists() else []:
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(owner.read_text())
+            if Path(f"/proc/{pid}").exists():
+                continue
+        cluster = LocalCluster.__new__(LocalCluster)
+        cluster.tag, cluster.bridge = owner.name, f"lgc{owner.name}"
+        names = [line.split()[0] for line in _run(["ip", "netns", "list"]).stdout.splitlines()
+                 if line.startswith(f"lgc{owner.name}-")]
+        cluster.nodes = [Node(name.split("-", 1)[1], "", name, Path("/nonexistent")) for name in names]
+        cluster.down()
+        reaped.append(owner.name)
+    return reaped

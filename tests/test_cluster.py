@@ -10,10 +10,11 @@ proxy and its own sandboxes on its own node's engine.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
-from local_cluster import VENV_BIN, LocalCluster
+from local_cluster import VENV_BIN, LocalCluster, reap_stale_clusters
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -21,9 +22,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, base_image):
     """The cluster, and after the module: nothing of it left."""
+    reap_stale_clusters()
     cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
     try:
-        cluster.up()
+        # Ray's head declares a silent node dead after about 3 s instead of about 15, and a connection to a lost
+        # peer is given up after seconds, not minutes (a test waits for both).
+        cluster.up(ray_env={"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+                            "RAY_health_check_failure_threshold": "3", "RAY_grpc_client_keepalive_time_ms": "2000",
+                            "RAY_grpc_client_keepalive_timeout_ms": "2000"})
         yield cluster
     finally:
         problems = cluster.down()
@@ -57,8 +63,13 @@ def lego_stage(cluster: LocalCluster, config: Path, stage: str, *overrides: str)
                               env=cluster.node_env(cluster.head), timeout=600, check=False)
     assert result.returncode == 0, f"lego stage {stage} on the head failed:\n{result.stdout[-4000:]}\n" \
                                    f"{result.stderr[-4000:]}"
-    lines = result.stdout.splitlines()
-    return json.loads("\n".join(lines[lines.index("{"):]))  # the stage's summary, after its one-line report
+    return stage_summary(result.stdout)
+
+
+def stage_summary(output: str) -> dict:
+    """The JSON summary `lego stage` prints after its one-line report."""
+    output = "\n" + output
+    return json.JSONDecoder().raw_decode(output[output.index("\n{\n") + 1:])[0]
 
 
 def cluster_config(cluster: LocalCluster) -> Path:
@@ -94,8 +105,13 @@ def test_rollouts_and_their_grading_run_on_the_workers_engines(cluster, harness)
     """mini-swe-agent runs beside its sandbox (in the worker's Ray process); Claude Code runs inside it, its
     install copied to the worker's engine as a content volume. Either way: every rollout stored once on the shared
     storage, each worker's engine holding the sandboxes of its own shard, and the grading on those engines."""
+    from rollout_helpers import installed
+
+    # Installed before, as on machines started from one image: the nodes have no route to a package registry.
+    installed(harness)
     config = cluster_config(cluster)
-    overrides = [f"harness.name={harness}"]
+    samples = 2 if harness == "mini-swe-agent" else 1  # the slower harness: one attempt per task, one per node
+    overrides = [f"harness.name={harness}", f"rollout.samples_per_task={samples}"]
     lego_stage(cluster, config, "taskset", *overrides)
     events = EngineEvents(cluster, harness)
     try:
@@ -111,7 +127,7 @@ def test_rollouts_and_their_grading_run_on_the_workers_engines(cluster, harness)
     rows = stored_rows(cluster, "SELECT rollout_id, task_id FROM rollouts WHERE run_id = ? AND stage = 'rollout'",
                        [data_run_id])
     ids = [row["rollout_id"] for row in rows]
-    assert len(ids) == 4 and len(set(ids)) == 4, rows  # 2 tasks x 2 samples, each stored exactly once
+    assert len(ids) == 2 * samples and len(set(ids)) == len(ids), rows  # 2 tasks x samples, each stored once
 
     by_node = {node: [labels for labels in containers if labels.get("lego.purpose") == "rollout"]
                for node, containers in created.items()}
@@ -120,7 +136,8 @@ def test_rollouts_and_their_grading_run_on_the_workers_engines(cluster, harness)
     for worker in cluster.workers:
         # The sandboxes on a worker's engine were opened by that worker's processes (its host name) and no other.
         assert by_node[worker.name], f"no rollout sandbox on {worker.name}'s engine: {created}"
-        assert graded_by_node[worker.name], f"no grading on {worker.name}'s engine: {created}"
+        if harness == "mini-swe-agent":  # the random policy's Claude Code sessions leave no diff: nothing to run
+            assert graded_by_node[worker.name], f"no grading on {worker.name}'s engine: {created}"
         assert {labels["lego.host"] for labels in created[worker.name]} == {worker.name}
     # One shard per node, whole tasks: a task's image (named by the task) is sampled on one node only.
     rollout_images = {node: {labels["image"] for labels in sandboxes} for node, sandboxes in by_node.items()}
@@ -157,3 +174,43 @@ def test_the_workers_reach_the_storage_only_over_the_network(cluster):
     for node in cluster.nodes:  # no route but the bridge's subnet: traffic only between the nodes (and loopback)
         routes = node.run(["ip", "-4", "route"]).stdout.strip().splitlines()
         assert len(routes) == 1 and routes[0].startswith(f"{cluster.subnet}.0/24 dev eth0"), routes
+
+
+def test_losing_a_worker_mid_stage_loses_and_duplicates_nothing(cluster):
+    """Last in the module: it kills worker2 (every process of the node, its engine and its containers, its link) once
+    its shard has a sandbox running. Ray reruns that shard on worker1, which runs only the rollouts not stored yet."""
+    from rollout_helpers import installed
+
+    installed("mini-swe-agent")
+    config = cluster_config(cluster)
+    overrides = ["project.seed=34", "harness.name=mini-swe-agent"]  # a rollout key of its own
+    lego_stage(cluster, config, "taskset", *overrides)
+    lost, survivor = cluster.workers[1], cluster.workers[0]
+    EngineEvents(cluster, "loss")
+    stage = cluster.head.start("rollout-loss", [VENV_BIN / "lego", "stage", "rollout", "-c", config, *overrides],
+                               env=cluster.node_env(cluster.head))
+    try:
+        deadline = time.monotonic() + 300
+        while '"lego.purpose":"rollout"' not in lost.log("events-loss", tail=10**6).replace(" ", ""):
+            assert stage.poll() is None, cluster.head.log("rollout-loss")
+            assert time.monotonic() < deadline, "worker2's shard never started a sandbox"
+            time.sleep(0.5)
+        cluster.kill_node(lost)
+        assert stage.wait(timeout=480) == 0, cluster.head.log("rollout-loss", tail=6000)
+    finally:
+        if stage.poll() is None:
+            stage.kill()
+        survivor.services.pop("events-loss").terminate()
+        lost.services.pop("events-loss", None)
+    summary = stage_summary(cluster.head.log("rollout-loss", tail=10**6))
+    result = json.loads((Path(summary["stage"]["path"].replace(str(cluster.shared), str(cluster.disk)))
+                         / "result.json").read_text())
+    rows = stored_rows(cluster, "SELECT rollout_id, termination FROM rollouts WHERE run_id = ? AND stage = 'rollout'",
+                       [result["data"]["data_run_id"]])
+    ids = [row["rollout_id"] for row in rows]
+    assert len(ids) == 4 and len(set(ids)) == 4, rows  # 2 tasks x 2 samples: nothing lost, nothing stored twice
+    # The killed node's unfinished attempts were rerun, not stored as the policy's failures.
+    survivor_sandboxes = [json.loads(line)["Actor"]["Attributes"]
+                          for line in survivor.log("events-loss", tail=10**7).splitlines() if line.startswith("{")]
+    assert {labels.get("lego.task") for labels in survivor_sandboxes if labels.get("lego.purpose") == "rollout"} \
+        == {row["rollout_id"].split(".", 1)[1].rsplit(".", 1)[0] for row in rows}
