@@ -265,9 +265,10 @@ class LocalCluster:
                    "prefect", timeout=120)
 
     def node_env(self, node: Node) -> dict[str, str]:
-        """The environment of Lego's processes on `node`: its own engine, the head's Prefect server."""
+        """The environment of Lego's processes on `node`: its own engine, the head's Prefect server, and none of this
+        process's Lego settings (a test worker's LEGO_WORK_DIR would move the nodes' work dir off the storage)."""
         env = {key: value for key, value in os.environ.items()
-               if not key.startswith(("DOCKER_", "PREFECT_", "RAY_", "PYTEST_"))}
+               if not key.startswith(("DOCKER_", "PREFECT_", "RAY_", "PYTEST_", "LEGO_"))}
         env.update({"PATH": f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
                     "PREFECT_API_URL": f"http://{self.head.address}:{PREFECT_PORT}/api",
                     "PYTHONPATH": str(REPO), "TMPDIR": str(node.tmp),

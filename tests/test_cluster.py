@@ -10,8 +10,10 @@ proxy and its own sandboxes on its own node's engine.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from local_cluster import VENV_BIN, LocalCluster, reap_stale_clusters
@@ -95,7 +97,10 @@ def stored_rows(cluster: LocalCluster, sql: str, params: list) -> list[dict]:
     from lego.data.catalog import Catalog
     from lego.workdir import WorkDir
 
-    config = load_config(str(cluster.disk / "cluster.yaml"), [f"project.work_dir={cluster.disk / 'work'}"])
+    with mock.patch.dict(os.environ):
+        os.environ.pop("LEGO_WORK_DIR", None)  # a test worker's own work dir (tests/conftest.py)
+        config = load_config(str(cluster.disk / "cluster.yaml"), [f"project.work_dir={cluster.disk / 'work'}"])
+    assert Path(config.project.work_dir) == cluster.disk / "work"
     with Catalog.open(WorkDir(cluster.disk / "work"), config, in_memory=True) as catalog:
         return catalog.rows(sql, params)
 
