@@ -21,7 +21,7 @@ if [ "$WORKERS" -gt 1 ]; then
     exit 1
   fi
   export DOCKER_HOST="$engine"
-  parallel=(-n "$WORKERS" --dist loadfile)
+  parallel=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)  # the order tests/conftest.py sets
 fi
 .venv/bin/pytest -q -rs --durations=25 "${parallel[@]}" "$@"
 rc=$?

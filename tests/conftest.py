@@ -109,6 +109,27 @@ def verifier(docker_engine, base_image, lego_config, factory):
     return Verifier(docker_engine.client, base_image, lego_config.sandbox, lego_config.verify, factory=factory)
 
 
+# ---------------------------------------------------------------------------------------------- order
+# Seconds each of the longest modules took in a full parallel run (scripts/test.sh, 4 workers, this 2-core machine).
+# Workers take whole modules (--dist loadfile) in collection order, so the longest go first: a long module that
+# starts last runs alone at the end while the other workers idle. Re-measure with `--durations=0` when they change.
+MODULE_SECONDS = {
+    "test_cluster.py": 630, "test_pipeline.py": 245, "test_harbor_backend.py": 180, "test_pipeline_e2e.py": 150,
+    "test_vllm_engine.py": 140, "test_honest_agent.py": 135, "test_eval.py": 135, "test_rollout_stage.py": 115,
+    "test_run_output.py": 115, "test_task_environments.py": 110, "test_redteam_infra.py": 110,
+    "test_validate.py": 110, "test_redteam_grading.py": 110, "test_remote_engine.py": 105,
+    "test_bench_proxy.py": 100, "test_ray_rollouts.py": 100, "test_harbor_grading.py": 100,
+    "test_termination.py": 100, "test_redteam.py": 90, "test_harness_scripted.py": 90,
+    "test_harness_random.py": 90, "test_redteam_decoys.py": 75, "test_honest_patches.py": 75,
+}
+
+
+def pytest_collection_modifyitems(items):
+    """The longest modules first, the rest after them in their own order; tests within a module keep theirs."""
+    rank = {name: index for index, name in enumerate(sorted(MODULE_SECONDS, key=MODULE_SECONDS.get, reverse=True))}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 # ---------------------------------------------------------------------------------------------- skips
 # The only skips a run may have, each with its reason. Any other skip fails the run (a Docker test that skips because
 # no engine answers, a harness that failed to install, a missing tool): a green run must mean the real parts ran.
