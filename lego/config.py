@@ -150,6 +150,7 @@ class RolloutConfig(Section):
 
 class VerifyConfig(Section):
     timeout_s: float = Field(300.0, gt=0)
+    concurrency: int = Field(2, ge=1)  # gradings at once, each in a fresh sandbox of its own
     infra_retries: int = Field(2, ge=0)
     # The largest diff a rollout may hand in. SWE-bench gold patches are a few KiB (the largest, tens of KiB);
     # 4 MiB leaves room for legitimate vendored or generated files while keeping grading time bounded. A diff

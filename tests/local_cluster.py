@@ -162,11 +162,20 @@ class LocalCluster:
         for node in self.nodes:
             self._namespace(node)
         self._storage()
-        for worker in self.workers:
-            self._engine(worker)
-        self._ray(ray_env or {})
+        # The services start together and are waited for after: one at a time, their start-ups add up to a minute.
         if prefect:
-            self._prefect()
+            self._start_prefect()
+        for worker in self.workers:
+            self._start_engine(worker)
+        self._ray(ray_env or {})
+        for worker in self.workers:
+            self._wait(lambda w=worker: w.run(["docker", "-H", w.docker_host, "version"], check=False).returncode == 0,
+                       f"{worker.name}'s Docker engine", worker, "dockerd", timeout=60)
+        if prefect:
+            probe = [VENV_BIN / "python", "-c", f"import urllib.request; urllib.request.urlopen("
+                     f"'http://{self.head.address}:{PREFECT_PORT}/api/health', timeout=2)"]
+            self._wait(lambda: self.head.run(probe, check=False).returncode == 0, "Prefect's server", self.head,
+                       "prefect", timeout=120)
 
     def _network(self) -> None:
         OWNERS.mkdir(parents=True, exist_ok=True)
@@ -231,38 +240,41 @@ class LocalCluster:
                                   "LogLevel=ERROR", "reconnect", "ServerAliveInterval=5", "dir_cache=no",
                                   "attr_timeout=0", "entry_timeout=0", "negative_timeout=0"])])
 
-    def _engine(self, node: Node) -> None:
+    def _start_engine(self, node: Node) -> None:
         node.start("dockerd", [
             "dockerd", "--host", node.docker_host, "--data-root", node.private / "docker",
             "--exec-root", node.private / "x", "--pidfile", node.private / "dockerd.pid",
             "--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-forward=false", "--ip-masq=false",
             "--cgroup-parent", node.cgroup_parent])
-        self._wait(lambda: node.run(["docker", "-H", node.docker_host, "version"], check=False).returncode == 0,
-                   f"{node.name}'s Docker engine", node, "dockerd", timeout=60)
 
     def _ray(self, extra_env: dict[str, str]) -> None:
+        """The head, then every worker joining it at once."""
         self.ray_env = extra_env
         ray = VENV_BIN / "ray"
         env = self.node_env(self.head)
         self.head.run([ray, "start", "--head", "--node-ip-address", self.head.address, "--port", RAY_PORT,
                        "--num-cpus", "0", "--include-dashboard", "false", "--disable-usage-stats"], env=env,
                       timeout=180)
+        joining = {worker.name: worker.start("ray-start", [
+            ray, "start", "--address", f"{self.head.address}:{RAY_PORT}", "--node-ip-address", worker.address,
+            "--num-cpus", "1", "--resources", f'{{"{worker.name}": 1}}', "--disable-usage-stats"],
+            env=self.node_env(worker)) for worker in self.workers}
         for worker in self.workers:
-            worker.run([ray, "start", "--address", f"{self.head.address}:{RAY_PORT}", "--node-ip-address",
-                        worker.address, "--num-cpus", "1", "--resources", f'{{"{worker.name}": 1}}',
-                        "--disable-usage-stats"], env=self.node_env(worker), timeout=180)
+            try:
+                code = joining[worker.name].wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                code = None
+            worker.services.pop("ray-start")
+            if code != 0:
+                raise ClusterError(f"Ray on {worker.name} did not join the head:\n{worker.log('ray-start')}")
 
-    def _prefect(self) -> None:
+    def _start_prefect(self) -> None:
         env = self.node_env(self.head) | {"PREFECT_HOME": str(self.head.private / "prefect"),
                                           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                                           "PREFECT_UI_ENABLED": "false"}
         env.pop("PREFECT_API_URL")
         self.head.start("prefect", [VENV_BIN / "prefect", "server", "start", "--host", self.head.address, "--port",
                                     PREFECT_PORT], env=env)
-        probe = [VENV_BIN / "python", "-c", f"import urllib.request; urllib.request.urlopen("
-                 f"'http://{self.head.address}:{PREFECT_PORT}/api/health', timeout=2)"]
-        self._wait(lambda: self.head.run(probe, check=False).returncode == 0, "Prefect's server", self.head,
-                   "prefect", timeout=120)
 
     def node_env(self, node: Node) -> dict[str, str]:
         """The environment of Lego's processes on `node`: its own engine, the head's Prefect server, and none of this

@@ -108,12 +108,15 @@ def _start_stage(tmp_path: Path, mode: str) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-c", STAGE, str(out), mode], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
                                start_new_session=True)  # its own group: the Prefect server it starts goes with it
+    return process
+
+
+def _wait_started(tmp_path: Path, mode: str, process: subprocess.Popen) -> None:
     deadline = time.monotonic() + 180
-    while not (out / "started").exists():
+    while not (tmp_path / mode / "started").exists():
         assert process.poll() is None, process.stderr.read()[-3000:]
         assert time.monotonic() < deadline, "the stage's batch never started"
         time.sleep(0.2)
-    return process
 
 
 def _group_alive(group: int) -> bool:
@@ -125,9 +128,10 @@ def _group_alive(group: int) -> bool:
 
 
 def test_sigterm_stops_a_prefect_stage_whose_batch_runs_in_a_worker_thread(tmp_path):
-    control = _start_stage(tmp_path, "plain")
-    stopped = _start_stage(tmp_path, "stop_on_sigterm")
+    control, stopped = _start_stage(tmp_path, "plain"), _start_stage(tmp_path, "stop_on_sigterm")
     try:
+        _wait_started(tmp_path, "plain", control)
+        _wait_started(tmp_path, "stop_on_sigterm", stopped)
         control.send_signal(signal.SIGTERM)
         stopped.send_signal(signal.SIGTERM)
         stopped.wait(120)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
 from lego.data.catalog import Catalog
@@ -62,6 +63,10 @@ def grade_attempts(ctx: StageContext, tasks: Sequence[Task], *, data_run_id: str
         todo = [t for t in iter_trajectory_headers(catalog, data_run_id, rollout_stage, iteration)
                 if t.rollout_id not in graded and (only is None or t.rollout_id in only)]
     if todo:
+        for trajectory in todo:
+            if trajectory.task_id not in by_id:
+                raise LegoError(f"rollout {trajectory.rollout_id} is for task {trajectory.task_id!r}, "
+                                "which is not in this stage's task list")
         ctx.log(f"{outcome_stage}: grading {len(todo)} rollouts")
         progress = None
         if ctx.progress is not None:
@@ -71,16 +76,35 @@ def grade_attempts(ctx: StageContext, tasks: Sequence[Task], *, data_run_id: str
         runner: GradingRunner = ctx.runner
         try:
             with runner.grader(ctx) as grade:
-                for trajectory in todo:
-                    task = by_id.get(trajectory.task_id)
-                    if task is None:
-                        raise LegoError(f"rollout {trajectory.rollout_id} is for task {trajectory.task_id!r}, "
-                                        "which is not in this stage's task list")
-                    outcome = grade(task, trajectory)
-                    writer.append_outcomes([outcome], iteration, stage=outcome_stage)
-                    graded[outcome.rollout_id] = outcome
-                    if progress is not None:
-                        progress.advance(outcome.kind.value)
+                # Each grading is a fresh sandbox of its own, so `verify.concurrency` of them run at once; their
+                # outcomes are stored here, one at a time, as each is known. After a failure nothing more begins;
+                # the gradings under way are finished and stored before the error goes up.
+                waiting = iter(todo)
+                running: set[Future] = set()
+                failure: BaseException | None = None
+                with ThreadPoolExecutor(max_workers=ctx.config.verify.concurrency,
+                                        thread_name_prefix="grading") as pool:
+                    while True:
+                        while failure is None and len(running) < ctx.config.verify.concurrency:
+                            trajectory = next(waiting, None)
+                            if trajectory is None:
+                                break
+                            running.add(pool.submit(grade, by_id[trajectory.task_id], trajectory))
+                        if not running:
+                            break
+                        done, running = wait(running, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            try:
+                                outcome = future.result()
+                            except BaseException as exc:  # noqa: BLE001 (raised below, after what is under way)
+                                failure = failure or exc
+                                continue
+                            writer.append_outcomes([outcome], iteration, stage=outcome_stage)
+                            graded[outcome.rollout_id] = outcome
+                            if progress is not None:
+                                progress.advance(outcome.kind.value)
+                if failure is not None:
+                    raise failure
         finally:
             if progress is not None:
                 progress.finish()
