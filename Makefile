@@ -3,8 +3,8 @@
 setup:
 	bash scripts/setup.sh
 
-# Bytecode caches on for the run, whatever the shell says: its processes write the .pyc of what they import that the
-# set-up's background compile has not reached yet, and the next process reads them.
+# Bytecode caches on for the run, whatever the shell says: the set-up installs the venv without bytecode, so the
+# run's processes write the .pyc of what they import and the next process reads them (scripts/setup.sh).
 run:
 	bash scripts/setup.sh --packages-only && env -u PYTHONDONTWRITEBYTECODE .venv/bin/lego run
 

@@ -56,8 +56,8 @@ fi
 pip_install() {  # pip_install WHY ARGS...: quiet, its output in the log; the log's tail on failure
   local why=$1; shift
   echo "installing $why (log: $LOG)"
-  # --no-compile: pip compiles every module it installs, one file at a time (two of the four minutes of the main
-  # install here); compile_venv below does it on every core instead.
+  # --no-compile: pip compiles every module it installs, one file at a time (half of the main install's time here);
+  # see the bytecode step below.
   if ! PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore "$VENV/bin/pip" install -q --no-compile "$@" \
       >>"$LOG" 2>&1; then
     tail -20 "$LOG" >&2
@@ -83,20 +83,14 @@ if [ "$FOR_TESTS" = 1 ] && ! installed test; then
   stamp test
 fi
 
-# The venv's bytecode, once per install (a stamp): for the tests before they start; for a run in the background, at
-# low priority beside it (a run leaves most of one core idle, and its processes compile what they import meanwhile).
-# compileall writes each file atomically, so a process importing a module as it is compiled reads a whole one.
-if [ ! -f "$VENV/.lego-compiled" ] || [ "$VENV/.lego-compiled" -ot "$VENV/.lego-installed-main" ] \
-    || { [ "$FOR_TESTS" = 1 ] && [ "$VENV/.lego-compiled" -ot "$VENV/.lego-installed-test" ]; }; then
-  SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  compile_venv="'$VENV/bin/python' -m compileall -q -j 0 '$SITE' >>'$LOG' 2>&1; touch '$VENV/.lego-compiled'"
-  if [ "$FOR_TESTS" = 1 ]; then
-    echo "compiling the venv's bytecode (log: $LOG)"
-    bash -c "$compile_venv" || true
-  else
-    echo "compiling the venv's bytecode in the background (log: $LOG)"
-    setsid nohup nice -n 19 bash -c "$compile_venv" >/dev/null 2>&1 </dev/null &
-  fi
+# For the tests, the venv's bytecode once per install (a stamp), on every core before they start: the suite starts
+# over a hundred Python processes. A run compiles only what its processes import, as they import it (`make run`
+# keeps bytecode caches on): a fraction of the venv, and nothing competing with its set-up for the disk.
+if [ "$FOR_TESTS" = 1 ] && { [ ! -f "$VENV/.lego-compiled" ] || [ "$VENV/.lego-compiled" -ot "$VENV/.lego-installed-test" ]; }; then
+  echo "compiling the venv's bytecode (log: $LOG)"
+  "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    >>"$LOG" 2>&1 || true  # a few packages ship files for other Python versions, which do not compile
+  touch "$VENV/.lego-compiled"
 fi
 
 # vLLM (`engine.kind: vllm`; the tests run it) wants a newer transformers than Lego's, so it gets a venv of its own:
