@@ -243,18 +243,18 @@ def _embedded_setup(cfg, work, out=None):
                      f"tokenizer {tokenizer}"] + ([f"policy {policy}"] if policy is not None else [])
             yield from _report_setup(parts, started, out, None)
             return
-        # The run's harness installs beside the rest (a first run's venv and its base image both take about a
-        # minute, mostly waiting on package servers); every rollout would otherwise wait for it on first use.
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="harness-install")
+        # The run's harness and the tokenizer install beside the base image (on a first run each takes from
+        # seconds to a minute, mostly waiting on package servers).
+        pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="set-up")
         harness = pool.submit(ensure_installed, get_harness(cfg.harness.name), cfg.harness.version)
+        tokenizer = pool.submit(ensure_tokenizer)
         pool.shutdown(wait=False)
-        tokenizer = ensure_tokenizer()
         with docker_engine(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon) as engine:
             image = ensure_base_image(engine.client, cfg.docker, terminal)
             policy = None
             if cfg.model.path is None:
                 policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)
-            parts = [f"Docker engine {engine.base_url}", f"base image {image}", f"tokenizer {tokenizer}",
+            parts = [f"Docker engine {engine.base_url}", f"base image {image}", f"tokenizer {tokenizer.result()}",
                      f"harness {cfg.harness.name} {harness.result()}"]
             parts += [f"policy {policy}"] if policy is not None else []
             yield from _report_setup(parts, started, out, engine)

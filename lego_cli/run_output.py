@@ -118,10 +118,12 @@ class _FdPump:
         self._synced.wait(wait_s)
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Stop taking writes (fds 1 and 2 are restored first); a child that outlives the run and still holds the
-        pipe leaves its later lines unread rather than the run waiting for it."""
+        """Stop taking writes (fds 1 and 2 are restored first). Everything written so far is in the log once the
+        sync mark comes through; a child that outlives the run (a private engine's watchdog) still holds the pipe,
+        so its later lines are left unread rather than the run waiting for the pipe's end."""
+        self.sync(wait_s)
         os.close(self.write_fd)
-        self._thread.join(wait_s)
+        self._thread.join(0.5)
         if not self._thread.is_alive():
             os.close(self.read_fd)
 
