@@ -188,7 +188,8 @@ def test_losing_a_worker_mid_stage_loses_and_duplicates_nothing(cluster):
 
     installed("mini-swe-agent")
     config = cluster_config(cluster)
-    overrides = ["project.seed=34", "harness.name=mini-swe-agent"]  # a rollout key of its own
+    # A rollout key of its own; one attempt per task, so one per node: what is lost is all worker2 had.
+    overrides = ["project.seed=34", "harness.name=mini-swe-agent", "rollout.samples_per_task=1"]
     lego_stage(cluster, config, "taskset", *overrides)
     lost, survivor = cluster.workers[1], cluster.workers[0]
     EngineEvents(cluster, "loss")
@@ -213,7 +214,7 @@ def test_losing_a_worker_mid_stage_loses_and_duplicates_nothing(cluster):
     rows = stored_rows(cluster, "SELECT rollout_id, termination FROM rollouts WHERE run_id = ? AND stage = 'rollout'",
                        [result["data"]["data_run_id"]])
     ids = [row["rollout_id"] for row in rows]
-    assert len(ids) == 4 and len(set(ids)) == 4, rows  # 2 tasks x 2 samples: nothing lost, nothing stored twice
+    assert len(ids) == 2 and len(set(ids)) == 2, rows  # 2 tasks x 1 sample: nothing lost, nothing stored twice
     # The killed node's unfinished attempts were rerun, not stored as the policy's failures.
     survivor_sandboxes = [json.loads(line)["Actor"]["Attributes"]
                           for line in survivor.log("events-loss", tail=10**7).splitlines() if line.startswith("{")]
