@@ -4,6 +4,8 @@ harness beside the sandbox would; the trajectory holds what the proxy recorded, 
 
 LEGO_RAY_KILL_MARK=PATH: the first process to store a trajectory creates PATH and SIGKILLs itself right after (a
 worker lost mid-shard); later processes find PATH and run to the end.
+LEGO_RAY_STOP_MARK=PATH: the same, but the process SIGSTOPs itself: a shard frozen while its node stays up, which
+Ray does not see as lost (its raylet still answers).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class ProxyRunner:
         engine = ScriptedEngine(tokenizer)
         proxy = BackgroundProxy(engine, tokenizer, SamplingConfig(max_tokens=16))
         kill_mark = os.environ.get("LEGO_RAY_KILL_MARK", "")
+        stop_mark = os.environ.get("LEGO_RAY_STOP_MARK", "")
         try:
             with httpx.Client(timeout=60) as client:
                 for request in requests:
@@ -47,6 +50,8 @@ class ProxyRunner:
                     writer.append_trajectories([trajectory], stage=stage)
                     if kill_mark and _first_to_mark(kill_mark, request.rollout_id):
                         os.kill(os.getpid(), signal.SIGKILL)
+                    if stop_mark and _first_to_mark(stop_mark, request.rollout_id):
+                        os.kill(os.getpid(), signal.SIGSTOP)
         finally:
             proxy.close()
 

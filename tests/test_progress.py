@@ -8,11 +8,12 @@ import logging
 import sys
 
 import numpy as np
+import pytest
 from rich.console import Console
 
 from lego.data.synthetic import synthetic_trajectory
 from lego.data.writer import DatasetWriter
-from lego.pipeline.progress import RunProgress, StoredRollouts, follow
+from lego.pipeline.progress import RunProgress, StageStalledError, StoredRollouts, follow
 from lego.records import TerminationReason
 
 
@@ -116,3 +117,45 @@ def test_stored_rollouts_are_counted_from_the_files_whoever_wrote_them(tmp_path)
     follow(step, counter, wait, poll_s=0.0)
     assert lines == ["rollout/0: 4/6 done (completed 2, timeout 2)", "rollout/0: 6/6 done (completed 4, timeout 2)"]
     assert len(counter.seen) == 7  # each file read once
+
+
+def test_shards_that_store_nothing_for_the_stall_timeout_fail_the_stage_and_keep_what_is_stored(tmp_path):
+    """A lost node that never closes its connections keeps its shard 'running' for the driver: the stage gives up
+    when nothing new is stored for `stall_s`, and the rollouts stored before stay (a rerun runs only the rest)."""
+    writer = DatasetWriter(tmp_path / "data", "rollout-abc")
+    counter = StoredRollouts(writer.directory("rollout", 0), ["r0", "r1", "r2", "r3"])
+    clock = Clock()
+    lines: list[str] = []
+    step = board(lines, clock).start("rollout/0", 4)
+    stored = iter([["r0"], ["r1"]])  # the surviving node's rollouts, then silence
+
+    def wait(timeout: float) -> bool:
+        clock.now += 10.0
+        batch = next(stored, None)
+        if batch is not None:
+            store(writer, batch, TerminationReason.completed)
+        return False  # the lost node's shard never reports back
+
+    with pytest.raises(StageStalledError, match="2 of 4 rollouts stored and none for 60 s") as raised:
+        follow(step, counter, wait, poll_s=0.0, stall_s=60.0, clock=clock)
+    assert "rerun the stage" in str(raised.value)
+    assert 70.0 < clock.now <= 90.0  # the clock restarted at the last stored rollout (t=20), not at the start
+    assert lines[-1] == "rollout/0: 2/4 done (completed 2)"  # the failed step still reports where it stopped
+    assert counter.poll() == (2, {"completed": 2})
+
+
+def test_slow_shards_that_keep_storing_are_never_stalled(tmp_path):
+    writer = DatasetWriter(tmp_path / "data", "rollout-abc")
+    wanted = [f"r{i}" for i in range(5)]
+    counter = StoredRollouts(writer.directory("rollout", 0), wanted)
+    clock = Clock()
+    step = board([], clock).start("rollout/0", 5)
+    pending = list(wanted)
+
+    def wait(timeout: float) -> bool:
+        clock.now += 50.0  # every rollout takes 50 s: under the 60 s limit each time, far over it in all
+        store(writer, [pending.pop(0)], TerminationReason.completed)
+        return not pending
+
+    follow(step, counter, wait, poll_s=0.0, stall_s=60.0, clock=clock)
+    assert counter.poll() == (5, {"completed": 5})

@@ -1,7 +1,8 @@
 """Issue 14: the rollout stage's shards on Ray (pipeline.task_runner: ray, through prefect-ray) on a local Ray
 instance with two worker processes. Each shard starts its own proxy and engine (tests/ray_doubles.py); trajectories
 land in the shared work dir exactly once; a worker SIGKILLed mid-shard costs only its unfinished rollouts (Ray
-reruns the shard's task, which runs only what is not stored)."""
+reruns the shard's task, which runs only what is not stored); a shard frozen on a node Ray still sees fails the stage
+after `pipeline.stall_timeout_s`, and the rerun runs only what is missing."""
 
 from __future__ import annotations
 
@@ -95,3 +96,42 @@ def test_rollout_shards_run_on_ray_workers_and_a_killed_worker_costs_only_its_un
     killed_pid, killed_rollout = mark.read_text().split()
     assert meta[killed_rollout]["pid"] == int(killed_pid)
     assert sum(1 for m in meta.values() if m["pid"] == int(killed_pid)) == 1
+
+
+@pytest.mark.timeout(300)  # without the stall guard the stage would wait on the frozen shard for ever
+def test_a_frozen_shard_fails_the_stage_after_the_stall_timeout_and_a_rerun_runs_only_what_is_missing(
+        prefect_api, tmp_path, tiny_model_path, monkeypatch):
+    """A shard that stops making progress while Ray still sees its node (here its worker process SIGSTOPs itself
+    after storing one trajectory) would hold the stage for ever: `pipeline.stall_timeout_s` ends it with an error
+    that says what to do, the stored trajectory stays, and the rerun stores the rest, each once."""
+    import ray
+
+    from lego.pipeline.progress import StageStalledError
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]))
+    mark = tmp_path / "stopped"
+    monkeypatch.setenv("LEGO_RAY_STOP_MARK", str(mark))
+    work = tmp_path / "work"
+    overrides = [f"project.work_dir={work}", "pipeline.runner=ray_doubles:ProxyRunner", "pipeline.task_runner=ray",
+                 "pipeline.rollout_shards=2", "tasks.limit=2", "rollout.samples_per_task=2", "filter.enabled=false",
+                 "warmstart.enabled=false", "eval.at_start=false", f"model.path={tiny_model_path}",
+                 "pipeline.stall_timeout_s=15"]
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        with pytest.raises(StageStalledError, match="rerun the stage"):
+            rollout_stage_on_ray(overrides)
+    finally:
+        ray.shutdown()  # kills the frozen worker too
+    stopped_pid, stopped_rollout = mark.read_text().split()
+
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        summary = rollout_stage_on_ray(overrides)
+    finally:
+        ray.shutdown()
+    files = sorted(work.glob(f"data/{summary['data_run_id']}/rollout/iter=0/rollouts-*.parquet"))
+    rows = [row for path in files for row in pq.read_table(path, columns=["rollout_id", "metadata_json"]).to_pylist()]
+    ids = [row["rollout_id"] for row in rows]
+    assert len(ids) == len(set(ids)) == 4, ids  # 2 tasks x 2 samples: none lost, none stored twice
+    owner = {row["rollout_id"]: json.loads(row["metadata_json"])["pid"] for row in rows}
+    assert owner[stopped_rollout] == int(stopped_pid)  # stored before the freeze, kept, not run again

@@ -123,7 +123,7 @@ class PipelineRun:
         counter = StoredRollouts(directory, [request.rollout_id for request in plan.requests])
         done, counts = counter.poll()
         progress = self.progress.start(f"rollout/{plan.iteration}", len(plan.requests), done=done, counts=counts)
-        follow(progress, counter, wait)
+        follow(progress, counter, wait, stall_s=self.config.pipeline.stall_timeout_s)
 
     # ------------------------------------------------------------------------------------------ outputs
     def record(self, result: StageResult) -> StageResult:

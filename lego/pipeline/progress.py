@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lego.errors import LegoError
 from lego.pipeline.artifacts import StageProgress
 from lego.pipeline.stored import kind_counts, read_terminations
 
@@ -215,14 +216,32 @@ class StoredRollouts:
         return len(self.terminations), kind_counts(self.terminations.values())
 
 
+class StageStalledError(LegoError):
+    """A stage's shards stored nothing for longer than `pipeline.stall_timeout_s` while still running."""
+
+
 def follow(progress: StageProgress, counter: StoredRollouts, wait: Callable[[float], bool],
-           poll_s: float = POLL_S) -> None:
-    """Count what is stored every `poll_s` until `wait(timeout)` says the work is over (True), then finish."""
+           poll_s: float = POLL_S, stall_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    """Count what is stored every `poll_s` until `wait(timeout)` says the work is over (True), then finish.
+
+    A shard on a node that vanished without closing its connections (power lost, link cut) can look alive to the
+    driver for ever. Progress is what the shards store, so when nothing new is stored for `stall_s` seconds the
+    stage stops waiting and raises; what was stored stays, and a rerun of the stage runs only what is missing."""
     try:
+        last_done, last_change = None, clock()
         while True:
             over = wait(poll_s)
-            progress.update(*counter.poll())
+            done, counts = counter.poll()
+            progress.update(done, counts)
             if over:
                 return
+            if done != last_done:
+                last_done, last_change = done, clock()
+            elif stall_s is not None and clock() - last_change > stall_s:
+                raise StageStalledError(
+                    f"{done} of {len(counter.wanted)} rollouts stored and none for {stall_s:.0f} s while shards are "
+                    "still running: a worker node may be lost or a shard hung. The stored rollouts are kept; check "
+                    "the cluster (`ray status`) and rerun the stage (`lego stage rollout --from RUN`) to run only the "
+                    "missing ones, or raise pipeline.stall_timeout_s if rollouts legitimately take longer")
     finally:
         progress.finish()
