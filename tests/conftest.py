@@ -118,7 +118,7 @@ MODULE_SECONDS = {
     "test_vllm_engine.py": 140, "test_honest_agent.py": 135, "test_eval.py": 135, "test_rollout_stage.py": 115,
     "test_run_output.py": 115, "test_task_environments.py": 110, "test_redteam_infra.py": 110,
     "test_validate.py": 110, "test_redteam_grading.py": 110, "test_remote_engine.py": 105,
-    "test_bench_proxy.py": 100, "test_ray_rollouts.py": 150, "test_harbor_grading.py": 100,
+    "test_bench_proxy.py": 100, "test_ray_rollouts.py": 230, "test_harbor_grading.py": 100,
     "test_termination.py": 100, "test_redteam.py": 90, "test_harness_scripted.py": 90,
     "test_harness_random.py": 90, "test_redteam_decoys.py": 75, "test_honest_patches.py": 75,
 }
