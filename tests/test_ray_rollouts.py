@@ -52,18 +52,23 @@ def rollout_stage_on_ray(overrides: list[str]) -> dict:
     return stage()
 
 
+def ray_stage_setup(monkeypatch, switch: str, mark: Path, work: Path, model: str, samples: int, *extra: str) -> list:
+    """Ray's worker processes inherit this environment: the runner double (tests/) and its kill or stop switch.
+    Returns the overrides of a 2-task, 2-shard rollout stage on Ray with the runner double."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(switch, str(mark))
+    return [f"project.work_dir={work}", "pipeline.runner=ray_doubles:ProxyRunner", "pipeline.task_runner=ray",
+            "pipeline.rollout_shards=2", "tasks.limit=2", f"rollout.samples_per_task={samples}",
+            "filter.enabled=false", "warmstart.enabled=false", "eval.at_start=false", f"model.path={model}", *extra]
+
+
 def test_rollout_shards_run_on_ray_workers_and_a_killed_worker_costs_only_its_unfinished_rollouts(
         prefect_api, tmp_path, tiny_model_path, monkeypatch):
     import ray
 
-    # Ray's worker processes inherit this environment: the runner double (tests/) and the kill switch.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]))
     mark = tmp_path / "killed"
-    monkeypatch.setenv("LEGO_RAY_KILL_MARK", str(mark))
     work = tmp_path / "work"
-    overrides = [f"project.work_dir={work}", "pipeline.runner=ray_doubles:ProxyRunner", "pipeline.task_runner=ray",
-                 "pipeline.rollout_shards=2", "tasks.limit=2", "rollout.samples_per_task=3", "filter.enabled=false",
-                 "warmstart.enabled=false", "eval.at_start=false", f"model.path={tiny_model_path}"]
+    overrides = ray_stage_setup(monkeypatch, "LEGO_RAY_KILL_MARK", mark, work, tiny_model_path, 3)
     # A local Ray instance with two worker CPUs (two shard tasks at once), every address on loopback; the task
     # runner finds it initialized and uses it, as it would a cluster at pipeline.ray_address.
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
@@ -108,14 +113,11 @@ def test_a_frozen_shard_fails_the_stage_after_the_stall_timeout_and_a_rerun_runs
 
     from lego.pipeline.progress import StageStalledError
 
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]))
     mark = tmp_path / "stopped"
-    monkeypatch.setenv("LEGO_RAY_STOP_MARK", str(mark))
     work = tmp_path / "work"
-    overrides = [f"project.work_dir={work}", "pipeline.runner=ray_doubles:ProxyRunner", "pipeline.task_runner=ray",
-                 "pipeline.rollout_shards=2", "tasks.limit=2", "rollout.samples_per_task=2", "filter.enabled=false",
-                 "warmstart.enabled=false", "eval.at_start=false", f"model.path={tiny_model_path}",
-                 "pipeline.stall_timeout_s=90"]  # above a loaded suite's Ray start-up before the first store
+    # the stall limit: above a loaded suite's Ray start-up before the first store
+    overrides = ray_stage_setup(monkeypatch, "LEGO_RAY_STOP_MARK", mark, work, tiny_model_path, 2,
+                                "pipeline.stall_timeout_s=90")
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
         with pytest.raises(StageStalledError, match="rerun the stage"):
