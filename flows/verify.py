@@ -1,4 +1,5 @@
 from prefect import flow
+from prefect.futures import wait
 
 from flows import stages
 from flows.task_runner import make_task_runner
@@ -17,6 +18,7 @@ def verify_flow(run_id: str, iteration: int = 0) -> StageResult:
         config_json = run.config.model_dump_json()
         futures = [stages.verify_shard.submit(config_json, str(run.work.root), run_id, plan, part)
                    for part in shard_ids(plan.todo, shards)]
+        run.follow_grading(plan, lambda timeout: not wait(futures, timeout=timeout).not_done)
         for future in futures:
             future.result()
     return stages.verify_finish(run_id, plan)

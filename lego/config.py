@@ -264,10 +264,10 @@ class PipelineConfig(Section):
     # as rollout_shards; 1: graded in the flow's own process).
     verify_shards: int | None = Field(None, ge=1)
     ray_address: str | None = None  # None: a local Ray; "auto" or ray://host:10001 for a cluster
-    # The rollout stage fails (StageStalledError) when its shards store no rollout for this long while still
-    # running: a node that lost power or its link never closes its connections, and the driver would wait for ever.
-    # It must exceed the longest gap between two stored rollouts: a task image's first build, then a whole attempt.
-    # None: wait for ever.
+    # A fanned-out stage fails (StageStalledError) when its shards store no rollout (rollout) or no outcome (verify)
+    # for this long while still running: a node that lost power or its link never closes its connections, and the
+    # driver would wait for ever. It must exceed the longest gap between two stored records: a task image's first
+    # build, then a whole attempt or grading. None: wait for ever.
     stall_timeout_s: float | None = Field(3600.0, gt=0)
     # "package.module:Class" to replace the real rollout/grading stack (tests); None: the real one.
     runner: str | None = None

@@ -13,8 +13,8 @@ from rich.console import Console
 
 from lego.data.synthetic import synthetic_trajectory
 from lego.data.writer import DatasetWriter
-from lego.pipeline.progress import RunProgress, StageStalledError, StoredRollouts, follow
-from lego.records import TerminationReason
+from lego.pipeline.progress import RunProgress, StageStalledError, StoredRecords, follow
+from lego.records import Outcome, OutcomeKind, TerminationReason
 
 
 class Clock:
@@ -98,7 +98,7 @@ def test_stored_rollouts_are_counted_from_the_files_whoever_wrote_them(tmp_path)
     writer = DatasetWriter(tmp_path / "data", "rollout-abc")
     directory = writer.directory("rollout", 0)
     wanted = [f"r{i}" for i in range(6)]
-    counter = StoredRollouts(directory, wanted)
+    counter = StoredRecords(directory, wanted)
     assert counter.poll() == (0, {})  # nothing stored yet (the directory does not even exist)
     store(writer, ["r0", "r1"], TerminationReason.completed)
     store(writer, ["other"], TerminationReason.completed)  # not one of this stage's requests
@@ -123,7 +123,7 @@ def test_shards_that_store_nothing_for_the_stall_timeout_fail_the_stage_and_keep
     """A lost node that never closes its connections keeps its shard 'running' for the driver: the stage gives up
     when nothing new is stored for `stall_s`, and the rollouts stored before stay (a rerun runs only the rest)."""
     writer = DatasetWriter(tmp_path / "data", "rollout-abc")
-    counter = StoredRollouts(writer.directory("rollout", 0), ["r0", "r1", "r2", "r3"])
+    counter = StoredRecords(writer.directory("rollout", 0), ["r0", "r1", "r2", "r3"])
     clock = Clock()
     lines: list[str] = []
     step = board(lines, clock).start("rollout/0", 4)
@@ -147,7 +147,7 @@ def test_shards_that_store_nothing_for_the_stall_timeout_fail_the_stage_and_keep
 def test_slow_shards_that_keep_storing_are_never_stalled(tmp_path):
     writer = DatasetWriter(tmp_path / "data", "rollout-abc")
     wanted = [f"r{i}" for i in range(5)]
-    counter = StoredRollouts(writer.directory("rollout", 0), wanted)
+    counter = StoredRecords(writer.directory("rollout", 0), wanted)
     clock = Clock()
     step = board([], clock).start("rollout/0", 5)
     pending = list(wanted)
@@ -159,3 +159,31 @@ def test_slow_shards_that_keep_storing_are_never_stalled(tmp_path):
 
     follow(step, counter, wait, poll_s=0.0, stall_s=60.0, clock=clock)
     assert counter.poll() == (5, {"completed": 5})
+
+
+def test_grading_shards_are_counted_from_their_outcomes_and_a_silent_one_fails_the_verify_stage(tmp_path):
+    """The verify stage's grading shards run on other nodes too: their progress is the outcomes they store (the
+    newest per rollout), and when none is stored for `stall_s` the stage fails with what to rerun."""
+    writer = DatasetWriter(tmp_path / "data", "rollout-abc")
+    counter = StoredRecords(writer.directory("verify-1234", 0), ["r0", "r1", "r2"], table="outcomes")
+    clock = Clock()
+    lines: list[str] = []
+    step = board(lines, clock).start("verify/0", 3, verb="graded")
+    graded = iter([[Outcome("r0", "task-a", OutcomeKind.resolved), Outcome("other", "task-b", OutcomeKind.resolved)],
+                   [Outcome("r1", "task-a", OutcomeKind.infra_error)],
+                   [Outcome("r1", "task-a", OutcomeKind.unresolved)]])  # r1 graded again: the newer one counts
+
+    def wait(timeout: float) -> bool:
+        clock.now += 10.0
+        batch = next(graded, None)
+        if batch is not None:
+            writer.append_outcomes(batch, 0, stage="verify-1234")
+        return False  # the third shard's node is gone
+
+    with pytest.raises(StageStalledError, match="2 of 3 rollouts graded and none for 30 s") as raised:
+        follow(step, counter, wait, poll_s=0.0, stall_s=30.0, clock=clock)
+    assert "lego stage verify --from RUN" in str(raised.value)
+    assert counter.poll() == (2, {"resolved": 1, "unresolved": 1})
+    assert lines[-1].startswith("verify/0: 2/3 graded")
+    with pytest.raises(ValueError, match="counted are"):
+        StoredRecords(tmp_path, [], table="segments")

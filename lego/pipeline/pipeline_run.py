@@ -20,10 +20,11 @@ from lego.errors import LegoError
 from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.manifest import RunManifest, load_manifest, new_run_id, save_manifest
 from lego.pipeline.policy import Policy
-from lego.pipeline.progress import RunProgress, StoredRollouts, follow
+from lego.pipeline.progress import RunProgress, StoredRecords, follow
 from lego.pipeline.report import stage_line
 from lego.pipeline.rollout_stage import RolloutPlan
 from lego.pipeline.runners import load_runner
+from lego.pipeline.verify_stage import VerifyPlan
 from lego.workdir import WorkDir
 
 STAGES = ("taskset", "warmstart", "filter", "baseline", "rollout", "verify", "dataset", "train", "evaluate")
@@ -117,12 +118,21 @@ class PipelineRun:
     def follow_rollouts(self, plan: RolloutPlan, wait: Callable[[float], bool]) -> None:
         """Show the rollout stage's progress while its shards run (in this process or others: counted from what
         they store) until `wait(timeout)` returns True (every shard is over)."""
+        self._follow(f"rollout/{plan.iteration}", "done", plan.data_run_id, "rollout", plan.iteration, "rollouts",
+                     [request.rollout_id for request in plan.requests], wait)
+
+    def follow_grading(self, plan: VerifyPlan, wait: Callable[[float], bool]) -> None:
+        """The same for the verify stage's grading shards, counted from the outcomes they store."""
+        self._follow(f"verify/{plan.iteration}", "graded", plan.data_run_id, plan.outcome_stage, plan.iteration,
+                     "outcomes", plan.todo, wait)
+
+    def _follow(self, label: str, verb: str, data_run_id: str, stage: str, iteration: int, table: str,
+                wanted: list[str], wait: Callable[[float], bool]) -> None:
         from lego.data.writer import DatasetWriter
 
-        directory = DatasetWriter(self.work, plan.data_run_id).directory("rollout", plan.iteration)
-        counter = StoredRollouts(directory, [request.rollout_id for request in plan.requests])
+        counter = StoredRecords(DatasetWriter(self.work, data_run_id).directory(stage, iteration), wanted, table)
         done, counts = counter.poll()
-        progress = self.progress.start(f"rollout/{plan.iteration}", len(plan.requests), done=done, counts=counts)
+        progress = self.progress.start(label, len(wanted), done=done, counts=counts, verb=verb)
         follow(progress, counter, wait, stall_s=self.config.pipeline.stall_timeout_s)
 
     # ------------------------------------------------------------------------------------------ outputs

@@ -8,8 +8,8 @@ goes to the log, so Prefect's flow-run logs keep each step's final counts.
 
 The stages report through `StageContext.progress` (the lego.pipeline.artifacts.ProgressBoard protocol); this
 module is the pipeline run's implementation, kept out of the stages' import closure so that changing how progress looks changes
-no stage's content key (lego.pipeline.keys). The rollout stage's shards may run in other processes (Ray): its
-progress is counted from the rollouts they store (`StoredRollouts`), not told.
+no stage's content key (lego.pipeline.keys). The rollout and verify stages' shards may run in other processes (Ray):
+their progress is counted from the rollouts and outcomes they store (`StoredRecords`), not told.
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ from typing import TYPE_CHECKING
 
 from lego.errors import LegoError
 from lego.pipeline.artifacts import StageProgress
-from lego.pipeline.stored import kind_counts, read_terminations
+from lego.pipeline.stored import kind_counts, read_kinds
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 LINE_FRACTION = 0.1  # a line each time this share of the step is done
 LINE_EVERY_S = 30.0  # ... or after this long with something new
-POLL_S = 2.0  # how often the rollout stage's stored rollouts are counted
+POLL_S = 2.0  # how often a fanned-out stage's stored records are counted
+KIND_COLUMN = {"rollouts": "termination", "outcomes": "kind"}  # what a stored record is counted by
+STALL_WORDS = {"rollouts": ("rollout", "stored"), "outcomes": ("verify", "graded")}  # a stalled stage, its verb
 
 _terminal: list[Console] = []  # where runs of this process draw their bars (show_progress_on)
 
@@ -197,36 +199,41 @@ def _counts_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{kind} {count}" for kind, count in sorted(counts.items()))
 
 
-class StoredRollouts:
-    """The rollouts of `wanted` stored so far in one data directory (<data>/<run>/<stage>/iter=<n>), by
-    termination: each complete rollouts file is read once (two columns), whichever process wrote it."""
+class StoredRecords:
+    """The records of `wanted` rollouts stored so far in one data directory (<data>/<run>/<stage>/iter=<n>), by
+    kind: trajectories (`rollouts` files, by termination) or outcomes (`outcomes` files, by outcome kind). Each
+    complete file is read once (two columns), whichever process wrote it."""
 
-    def __init__(self, directory: Path, wanted: Iterable[str]) -> None:
+    def __init__(self, directory: Path, wanted: Iterable[str], table: str = "rollouts") -> None:
+        if table not in KIND_COLUMN:
+            raise ValueError(f"table {table!r}: counted are {sorted(KIND_COLUMN)}")
         self.directory = Path(directory)
         self.wanted = set(wanted)
+        self.table = table
         self.seen: set[Path] = set()
-        self.terminations: dict[str, str] = {}
+        self.kinds: dict[str, str] = {}
 
     def poll(self) -> tuple[int, dict[str, int]]:
         # the writer renames a finished file into place: the glob never sees a partial one
-        new = sorted(path for path in self.directory.glob("rollouts-*.parquet") if path not in self.seen)
-        found = read_terminations(new)
-        self.terminations.update({rollout: kind for rollout, kind in found.items() if rollout in self.wanted})
+        new = sorted(path for path in self.directory.glob(f"{self.table}-*.parquet") if path not in self.seen)
+        found = read_kinds(new, KIND_COLUMN[self.table])
+        self.kinds.update({rollout: kind for rollout, kind in found.items() if rollout in self.wanted})
         self.seen.update(new)
-        return len(self.terminations), kind_counts(self.terminations.values())
+        return len(self.kinds), kind_counts(self.kinds.values())
 
 
 class StageStalledError(LegoError):
     """A stage's shards stored nothing for longer than `pipeline.stall_timeout_s` while still running."""
 
 
-def follow(progress: StageProgress, counter: StoredRollouts, wait: Callable[[float], bool],
+def follow(progress: StageProgress, counter: StoredRecords, wait: Callable[[float], bool],
            poll_s: float = POLL_S, stall_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
     """Count what is stored every `poll_s` until `wait(timeout)` says the work is over (True), then finish.
 
     A shard on a node that vanished without closing its connections (power lost, link cut) can look alive to the
     driver for ever. Progress is what the shards store, so when nothing new is stored for `stall_s` seconds the
     stage stops waiting and raises; what was stored stays, and a rerun of the stage runs only what is missing."""
+    stage, verb = STALL_WORDS[counter.table]
     try:
         last_done, last_change = None, clock()
         while True:
@@ -239,9 +246,9 @@ def follow(progress: StageProgress, counter: StoredRollouts, wait: Callable[[flo
                 last_done, last_change = done, clock()
             elif stall_s is not None and clock() - last_change > stall_s:
                 raise StageStalledError(
-                    f"{done} of {len(counter.wanted)} rollouts stored and none for {stall_s:.0f} s while shards are "
-                    "still running: a worker node may be lost or a shard hung. The stored rollouts are kept; check "
-                    "the cluster (`ray status`) and rerun the stage (`lego stage rollout --from RUN`) to run only the "
-                    "missing ones, or raise pipeline.stall_timeout_s if rollouts legitimately take longer")
+                    f"{done} of {len(counter.wanted)} rollouts {verb} and none for {stall_s:.0f} s while shards are "
+                    "still running: a worker node may be lost or a shard hung. What is stored is kept; check "
+                    f"the cluster (`ray status`) and rerun the stage (`lego stage {stage} --from RUN`) to run only "
+                    "the missing ones, or raise pipeline.stall_timeout_s if they legitimately take longer")
     finally:
         progress.finish()

@@ -20,20 +20,21 @@ from lego.pipeline.artifacts import StageContext
 from lego.records import Outcome
 
 
-def read_terminations(files: Iterable[Path]) -> dict[str, str]:
-    """rollout id -> termination, from rollouts Parquet files (two columns read, never the tokens)."""
+def read_kinds(files: Iterable[Path], column: str) -> dict[str, str]:
+    """rollout id -> `column` (a trajectory's termination, an outcome's kind), from Parquet files of one table (two
+    columns read, never the tokens); a later file's row wins (a rollout graded again)."""
     out: dict[str, str] = {}
     for path in files:
-        table = pq.read_table(path, columns=["rollout_id", "termination"])
+        table = pq.read_table(path, columns=["rollout_id", column])
         out.update(zip(table.column("rollout_id").to_pylist(),
-                       (str(value) for value in table.column("termination").to_pylist()), strict=True))
+                       (str(value) for value in table.column(column).to_pylist()), strict=True))
     return out
 
 
 def stored_terminations(ctx: StageContext, data_run_id: str, stage: str, iteration: int) -> dict[str, str]:
     with Catalog.open(ctx.work, ctx.config, in_memory=True) as catalog:
         files = catalog.files("rollouts", data_run_id, stage, iteration)
-    return read_terminations(files)
+    return read_kinds(files, "termination")
 
 
 def stored_rollout_ids(ctx: StageContext, data_run_id: str, stage: str, iteration: int) -> set[str]:
