@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows import stages
+from flows.placed import run_iterated_stage
 from flows.rollout import rollout_flow_for
 from flows.verify import verify_flow_for
 from lego.errors import LegoError
@@ -44,9 +45,9 @@ def run_stages(run: PipelineRun) -> None:
         rollout(run_id, iteration)
         verify(run_id, iteration)
         stages.dataset(run_id, iteration)
-        stages.train(run_id, iteration)
+        run_iterated_stage(run_id, config, "train", iteration)
         if (iteration + 1) % config.eval.every == 0 or iteration == last:
-            stages.evaluate(run_id, iteration)
+            run_iterated_stage(run_id, config, "evaluate", iteration)
 
 
 def summarize(run: PipelineRun) -> dict[str, Any]:
@@ -100,6 +101,8 @@ def stage_flow(stage: str, config: str = "default", overrides: list[str] | None 
             rollout_flow_for(run.config)(run.run_id, iteration)
         elif stage == "verify":
             verify_flow_for(run.config)(run.run_id, iteration)
+        elif stage in stages.PLACEABLE:
+            run_iterated_stage(run.run_id, run.config, stage, iteration)
         elif stage in ITERATED:
             STAGE_TASKS[stage](run.run_id, iteration)
         else:

@@ -20,7 +20,7 @@ from lego.pipeline.baseline_stage import run_baseline_stage
 from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.evaluate_stage import run_evaluate_stage
 from lego.pipeline.filter_stage import run_filter_stage
-from lego.pipeline.pipeline_run import get_run
+from lego.pipeline.pipeline_run import PipelineRun, get_run
 from lego.pipeline.rollout_stage import RolloutPlan, finish_rollouts, plan_rollouts
 from lego.pipeline.runners import load_runner
 from lego.pipeline.taskset_stage import run_taskset_stage
@@ -111,16 +111,39 @@ def dataset(run_id: str, iteration: int) -> StageResult:
     return run.record(run_dataset_stage(run.ctx, run.result("verify", iteration)))
 
 
+def train_inputs(run: PipelineRun, iteration: int) -> tuple:
+    """The train stage's inputs after the run's `iteration`th dataset: the dataset, the policy it updates, the warm
+    start's result (its demonstrations, for the `sft` arm)."""
+    return run.result("dataset", iteration), run.policy(iteration), run.manifest.get("warmstart")
+
+
+def evaluate_inputs(run: PipelineRun, iteration: int) -> tuple:
+    """The evaluate stage's: the task set, and the policy iteration `iteration`'s train stage produced."""
+    return run.result("taskset"), run.policy(iteration + 1), iteration
+
+
+PLACEABLE = {"train": (run_train_stage, train_inputs), "evaluate": (run_evaluate_stage, evaluate_inputs)}
+
+
 @task(name="train", cache_policy=NO_CACHE)
 def train(run_id: str, iteration: int) -> StageResult:
     run = get_run(run_id)
-    return run.record(run_train_stage(run.ctx, run.result("dataset", iteration),
-                                          run.policy(iteration), run.manifest.get("warmstart")))
+    return run.record(run_train_stage(run.ctx, *train_inputs(run, iteration)))
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate(run_id: str, iteration: int) -> StageResult:
     """Evaluates the policy produced by iteration `iteration`'s train stage."""
     run = get_run(run_id)
-    return run.record(run_evaluate_stage(run.ctx, run.result("taskset"), run.policy(iteration + 1),
-                                             iteration))
+    return run.record(run_evaluate_stage(run.ctx, *evaluate_inputs(run, iteration)))
+
+
+@task(name="placed-stage", cache_policy=NO_CACHE)
+def placed_stage(config_json: str, work_root: str, run_id: str, stage: str, inputs: tuple) -> StageResult:
+    """A train or evaluate stage computed where `pipeline.placement` puts it (a Ray task on a cluster node);
+    self-contained (no run lookup), its inputs resolved by the flow's process."""
+    config = LegoConfig.model_validate_json(config_json)
+    ctx = StageContext(config=config, work=WorkDir(Path(work_root)), run_id=run_id,
+                       runner=load_runner(config.pipeline.runner))
+    compute, _ = PLACEABLE[stage]
+    return compute(ctx, *inputs)

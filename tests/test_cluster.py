@@ -1,10 +1,11 @@
-"""Issue 34: the pipeline's rollout and verify stages across a cluster on this machine (tests/local_cluster.py).
+"""Issue 34: the pipeline's stages across a cluster on this machine (tests/local_cluster.py).
 
 A head and two worker nodes, each in its own network, mount and host-name namespaces on a private bridge; each
 worker with its own Docker engine that shares no file system with the others; the work dir on the head's disk,
 which the workers reach only over sshfs. `lego stage` runs on the head with `pipeline.task_runner: ray` and the
 head's Ray address: the rollout shards and the grading shards run in the workers' Ray processes, each with its own
-proxy and its own sandboxes on its own node's engine.
+proxy and its own sandboxes on its own node's engine. Training and evaluation run where `pipeline.placement` puts
+them, as Ray tasks on the nodes that offer the resources they ask for.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ project:
   work_dir: {cluster.shared / "work"}
 tasks:
   limit: 2
+eval:
+  limit: 1
 pipeline:
   task_runner: ray
   ray_address: "{cluster.head.address}:6379"
@@ -126,8 +129,7 @@ def test_rollouts_and_their_grading_run_on_the_workers_engines(cluster, harness)
         created = events.stop()
 
     assert rollout["stage"]["cached"] is False and verify["stage"]["cached"] is False
-    result = json.loads((Path(rollout["stage"]["path"].replace(str(cluster.shared), str(cluster.disk)))
-                         / "result.json").read_text())
+    result = stage_result(cluster, rollout)
     data_run_id = result["data"]["data_run_id"]
     rows = stored_rows(cluster, "SELECT rollout_id, task_id FROM rollouts WHERE run_id = ? AND stage = 'rollout'",
                        [data_run_id])
@@ -157,11 +159,36 @@ def test_rollouts_and_their_grading_run_on_the_workers_engines(cluster, harness)
         for worker in cluster.workers:
             volumes = worker.run(["docker", "-H", worker.docker_host, "volume", "ls", "-q"]).stdout
             assert "lego-content-" in volumes, volumes
+    else:  # training and evaluation run where pipeline.placement puts them: each pinned to a node by its resource
+        placed = ["pipeline.placement.train.resources.worker1=1", "pipeline.placement.evaluate.resources.worker2=1"]
+        lego_stage(cluster, config, "dataset", *overrides)
+        # a placement no node can meet is refused at once (Ray itself would wait for ever)
+        refused = cluster.head.run([VENV_BIN / "lego", "stage", "train", "-c", config, *overrides,
+                                    "pipeline.placement.train.num_gpus=1"], env=cluster.node_env(cluster.head),
+                                   timeout=300, check=False)
+        assert refused.returncode != 0 and "no live node of the Ray cluster has it (short of {'GPU': 1.0})" in \
+            refused.stdout + refused.stderr, refused.stdout[-3000:] + refused.stderr[-3000:]
+        events = EngineEvents(cluster, "placed")
+        try:
+            train = lego_stage(cluster, config, "train", *overrides, *placed)
+            evaluate = lego_stage(cluster, config, "evaluate", *overrides, *placed)
+        finally:
+            created = events.stop()
+        assert stage_result(cluster, train)["host"] == "worker1"
+        assert stage_result(cluster, evaluate)["host"] == "worker2"
+        # the evaluation's attempt and its grading on worker2's engine, opened there; nothing on worker1's
+        assert created["worker2"] and {labels["lego.host"] for labels in created["worker2"]} == {"worker2"}
+        assert not created["worker1"], created["worker1"]
+
+
+def stage_result(cluster: LocalCluster, summary: dict) -> dict:
+    """The stage's result file, read from the head's disk."""
+    path = Path(summary["stage"]["path"].replace(str(cluster.shared), str(cluster.disk))) / "result.json"
+    return json.loads(path.read_text())
 
 
 def _outcome_stage(cluster: LocalCluster, verify: dict) -> str:
-    path = Path(verify["stage"]["path"].replace(str(cluster.shared), str(cluster.disk))) / "result.json"
-    return json.loads(path.read_text())["data"]["outcome_stage"]
+    return stage_result(cluster, verify)["data"]["outcome_stage"]
 
 
 def test_the_workers_reach_the_storage_only_over_the_network(cluster):
@@ -179,6 +206,21 @@ def test_the_workers_reach_the_storage_only_over_the_network(cluster):
     for node in cluster.nodes:  # no route but the bridge's subnet: traffic only between the nodes (and loopback)
         routes = node.run(["ip", "-4", "route"]).stdout.strip().splitlines()
         assert len(routes) == 1 and routes[0].startswith(f"{cluster.subnet}.0/24 dev eth0"), routes
+
+
+def test_prefect_and_mlflow_keep_their_records_in_the_head_s_database_server(cluster):
+    """After the stage tests: Prefect's server and MLflow's tracking server, both services on the head, hold the
+    runs in PostgreSQL, and MLflow's artifacts went through its server to the shared storage; no SQLite store of
+    either was made in the work dir."""
+    flow_runs = cluster.psql("prefect", "SELECT name FROM flow WHERE id IN (SELECT flow_id FROM flow_run)").split()
+    assert "lego-stage" in flow_runs and "lego-stage-placed" in flow_runs, flow_runs
+    assert "lego-stage-verify" in flow_runs, flow_runs  # the grading shards' subflow, run from the head
+    assert int(cluster.psql("prefect", "SELECT count(*) FROM task_run WHERE name LIKE 'rollout-shard%'")) >= 2
+    stage_runs = cluster.psql("mlflow", "SELECT name FROM runs").split()
+    assert {"rollout/0", "verify/0", "train/0", "evaluate/0"} <= set(stage_runs), stage_runs
+    artifacts = [path for path in (cluster.disk / "mlflow-artifacts").rglob("*") if path.is_file()]
+    assert artifacts, "no MLflow artifact reached the shared storage"
+    assert not list((cluster.disk / "work").rglob("*.db")), list((cluster.disk / "work").rglob("*.db"))
 
 
 def test_losing_a_worker_mid_stage_loses_and_duplicates_nothing(cluster):
@@ -209,8 +251,7 @@ def test_losing_a_worker_mid_stage_loses_and_duplicates_nothing(cluster):
         survivor.services.pop("events-loss").terminate()
         lost.services.pop("events-loss", None)
     summary = stage_summary(cluster.head.log("rollout-loss", tail=10**6))
-    result = json.loads((Path(summary["stage"]["path"].replace(str(cluster.shared), str(cluster.disk)))
-                         / "result.json").read_text())
+    result = stage_result(cluster, summary)
     rows = stored_rows(cluster, "SELECT rollout_id, termination FROM rollouts WHERE run_id = ? AND stage = 'rollout'",
                        [result["data"]["data_run_id"]])
     ids = [row["rollout_id"] for row in rows]

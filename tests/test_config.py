@@ -77,3 +77,21 @@ def test_flatten_for_mlflow_params():
     flat = flatten(load_config("default").model_dump(mode="json"))
     assert flat["train.lr"] == pytest.approx(3e-4)
     assert "model.init.hidden_size" in flat
+
+
+def test_a_placed_stage_needs_ray_and_a_node_that_has_what_it_asks_for():
+    from lego.config import RayPlacement
+
+    with pytest.raises(ConfigError, match="set pipeline.task_runner: ray"):
+        load_config("test", ["pipeline.placement.train.num_gpus=1"])
+    config = load_config("test", ["pipeline.task_runner=ray", "pipeline.placement.train.num_gpus=1",
+                                  "pipeline.placement.evaluate.resources.worker2=1"])
+    train, evaluate = config.pipeline.placement["train"], config.pipeline.placement["evaluate"]
+    assert train.ray_options() == {"num_cpus": 1.0, "num_gpus": 1.0, "resources": {}}
+    with pytest.raises(ConfigError, match="placement"):
+        load_config("test", ["pipeline.task_runner=ray", "pipeline.placement.rollout.num_cpus=1"])  # not placeable
+    head, cpu_node, gpu_node = {"CPU": 0.0}, {"CPU": 1.0, "worker1": 1.0}, {"CPU": 8.0, "GPU": 1.0, "worker2": 1.0}
+    assert train.unmet_by([head, cpu_node, gpu_node]) is None
+    assert train.unmet_by([head, cpu_node]) == {"GPU": 1.0}  # Ray would wait for ever: the flow says so instead
+    assert evaluate.unmet_by([cpu_node]) == {"worker2": 1.0}
+    assert RayPlacement(num_cpus=2).unmet_by([]) == {"CPU": 2.0}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ class StageResult(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)  # stage-specific values (data run id, policy ...)
     seconds: float = 0.0
     created_at: str = ""
+    host: str = ""  # the machine that computed it (a stage placed on a cluster node: that node)
 
     @property
     def dir(self) -> Path:
@@ -200,7 +202,7 @@ def run_cached(ctx: StageContext, stage: str, iteration: int | None, inputs: dic
         metrics={k: float(v) for k, v in output.metrics.items()},
         outputs={name: str(path) for name, path in output.outputs.items()}, data=output.data,
         seconds=round(output.seconds if output.seconds is not None else time.monotonic() - started, 3),
-        created_at=datetime.now(UTC).isoformat(),
+        created_at=datetime.now(UTC).isoformat(), host=socket.gethostname(),
     )
     write_json_atomic(directory / RESULT_FILE, result.model_dump_json(indent=2))
     if shared is not None:
