@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import shlex
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,12 @@ STAGE_DETAILS: dict[str, Callable[[dict[str, float]], str]] = {
 
 
 def stage_line(result: StageResult) -> str:
-    """`rollout/0    8 rollouts, 2.0 turns and 1450 tokens each on average  (52.3 s)`"""
+    """`rollout/0    8 rollouts, 2.0 turns and 1450 tokens each on average  (52.3 s)`; a stage another machine
+    computed (placed on a cluster node: pipeline.placement) says which: `(41.0 s on worker1)`."""
     detail = STAGE_DETAILS.get(result.stage, lambda _: "done")(result.metrics)
     took = "from cache" if result.cached else duration(result.seconds)
+    if not result.cached and result.host and result.host != socket.gethostname():
+        took += f" on {result.host}"
     return f"{result.label():<{LABEL_WIDTH}} {detail}  ({took})"
 
 
