@@ -58,9 +58,9 @@ def test_the_statement_names_the_module_the_function_and_the_value(tasks):
     for task in tasks:
         facts = task.provenance
         statement = task.problem_statement
-        assert f"appconf/{facts['module']}.py" in statement or f".{facts['module']}." in statement
-        assert f"`{facts['function']}`" in statement or f".{facts['function']}`" in statement
-        assert re.search(rf"\b{facts['value']}\b", statement)
+        assert f"`appconf/{facts['module']}.py`" in statement
+        assert f"`def {facts['function']}(" in statement
+        assert re.search(rf"`return [^`]*\b{facts['value']}\)?`", statement)
         assert not re.search(rf"\b{facts['wrong_value']}\b", statement)
         assert task.patch.count("\n+    ") == 1 and f"appconf/{facts['module']}.py" in task.patch
         phrasings.add(statement.split("`")[0])
@@ -80,25 +80,23 @@ def test_load_tasks_serves_the_family_by_split_from_the_cache(family_cache, monk
         load_tasks("family:constants:x", "train")
 
 
-def _named(statement: str) -> tuple[str, str, int]:
-    """What a statement names: the file, the function (the backticked name that is no module or argument), the
-    value."""
+def _named(statement: str) -> tuple[str, str, str]:
+    """What a statement names: the file, the function (its `def`), the right return line."""
     (path,) = set(re.findall(r"appconf/\w+\.py", statement))
-    names = {name.rsplit(".", 1)[-1] for name in re.findall(r"`([\w.]+)`", statement)}
-    (function,) = names - {"count", "value", path.removeprefix("appconf/").removesuffix(".py")}
-    (value,) = {int(number) for number in re.findall(r"\d+", statement)}
-    return path, function, value
+    (function,) = re.findall(r"`def (\w+)\(", statement)
+    (body,) = re.findall(r"`(return [^`]+)`", statement)
+    return path, function, body
 
 
 def test_the_gold_command_is_written_from_the_statement_alone(tasks):
     for task in tasks:
         command, statement = task.provenance["gold_command"], task.problem_statement
-        path, function, value = _named(statement)
-        assert (path, function, value) == (f"appconf/{task.provenance['module']}.py", task.provenance["function"],
-                                           task.provenance["value"])
-        assert command == gold_command(path, function, value)  # a function of what the statement says, nothing else
-        words = set(re.findall(r"\w+", command.replace("[0-9][0-9]*", "")))
-        syntax = {"sed", "i", "def", "return", "s", "git", "diff"}  # the command's own, the same for every task
+        path, function, body = _named(statement)
+        assert (path, function) == (f"appconf/{task.provenance['module']}.py", task.provenance["function"])
+        assert str(task.provenance["value"]) in body
+        assert command == gold_command(path, function, body)  # a function of what the statement says, nothing else
+        words = set(re.findall(r"\w+", command))
+        syntax = {"sed", "i", "def", "retu", "s", "git", "diff"}  # the command's own, the same for every task
         assert words - syntax <= set(re.findall(r"\w+", statement)), (task.instance_id, words - syntax)
         assert str(task.provenance["wrong_value"]) not in words
 

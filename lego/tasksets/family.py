@@ -1,13 +1,13 @@
 """Procedurally generated task families: many small SWE-style tasks that share one skill, for measuring
 generalization rather than memorization (issue 33).
 
-A family task's fix depends on what its problem statement says: which file, which function and which value. The
+A family task's fix depends on what its problem statement says: which file, which function and which line. The
 held-out split shares the family's skill but not its surface, so a policy that ignores the statement (or that
 memorized the training tasks) cannot pass it.
 
 `family:constants` is a tiny Python package `appconf` of modules of small functions that return or use an integer
-constant. Each task plants one wrong constant in one function; the statement names the module, the function and
-the right value (phrased from a few templates); the gold patch fixes that one line; the hidden test file
+constant. Each task plants one wrong constant in one function; the statement names the file, the function's `def`
+and its right return line (phrased from a few templates); the gold patch fixes that one line; the hidden test file
 (tests/test_fix.py, the test_patch) checks it (FAIL_TO_PASS) and pins two other functions of the module
 (PASS_TO_PASS, with the module's visible tests and another module's). The split:
 - train tasks live in the train modules, held-out ("eval") tasks in other modules that only the held-out tasks'
@@ -58,20 +58,22 @@ _QUALIFIERS = ("default", "max", "min", "base", "initial", "fallback", "target",
                "burst")
 _NOUNS = ("timeout", "retries", "port", "width", "height", "batch", "depth", "ratio", "limit", "threshold",
           "interval", "workers", "buffer", "quota", "window", "delay")
-# What a function does with its constant: (signature, body, what the statement says it should do, test call).
+# What a function does with its constant: (signature, body, test call, expected). The statement gives the right
+# body, so the fix is the statement's line in the statement's function of the statement's file.
 _KINDS = {
-    "returns": ("()", "return {v}", "return {v}", "{fn}()", "{v}"),
-    "scales": ("(count)", "return count * {v}", "multiply `count` by {v}", "{fn}(3)", "3 * {v}"),
-    "caps": ("(value)", "return min(value, {v})", "cap `value` at {v}", "{fn}(10**6)", "{v}"),
-    "offsets": ("(value)", "return value + {v}", "add {v} to `value`", "{fn}(5)", "5 + {v}"),
+    "returns": ("()", "return {v}", "{fn}()", "{v}"),
+    "scales": ("(count)", "return count * {v}", "{fn}(3)", "3 * {v}"),
+    "caps": ("(value)", "return min(value, {v})", "{fn}(10**6)", "{v}"),
+    "offsets": ("(value)", "return value + {v}", "{fn}(5)", "5 + {v}"),
 }
+# Each names the file as a path, the function by its `def` line and the right line as code, as a bug report quoting
+# the code would: the reply's fix writes the same three pieces after the same words (`appconf`, `def`, `return`).
 _STATEMENTS = (
-    "`{fn}` in `{path}` is wrong: it should {behavior}.\n",
-    "In the `{module}` module (`{path}`), the function `{fn}` does not do what it should. It should {behavior}, "
-    "as documented.\n",
-    "Bug: `{pkg}.{module}.{fn}` uses the wrong constant. Expected: it should {behavior}. Please fix it in "
-    "`{path}` without changing the other functions.\n",
-    "Please fix `{path}`: `{fn}` must {behavior}; right now it uses a different number.\n",
+    "In `{path}`, `def {fn}{signature}` is wrong: it should `{body}`.\n",
+    "Bug in `{path}`: `def {fn}{signature}` must `{body}`, as documented. The other functions are right.\n",
+    "Please fix `def {fn}{signature}` in `{path}` so that it does `{body}`; leave the other functions as they "
+    "are.\n",
+    "`def {fn}{signature}` (in `{path}`) uses the wrong number: it should `{body}` instead.\n",
 )
 
 
@@ -135,7 +137,7 @@ def _module_source(module: str, functions: list[FamilyFunction], wrong: dict[str
 
 
 def _call(function: FamilyFunction, small: bool = False) -> str:
-    call = _KINDS[function.kind][3].format(fn=function.name)
+    call = _KINDS[function.kind][2].format(fn=function.name)
     return call.replace("(10**6)", "(3)").replace("(5)", "(3)") if small else call
 
 
@@ -150,7 +152,7 @@ def _visible_tests(module: str, functions: list[FamilyFunction]) -> str:
 
 
 def _pin(function: FamilyFunction) -> list[str]:
-    expected = _KINDS[function.kind][4].format(v=function.value)
+    expected = _KINDS[function.kind][3].format(v=function.value)
     return [f"def test_{function.name}():", f"    assert {function.module}.{_call(function)} == {expected}", "", ""]
 
 
@@ -186,19 +188,22 @@ def _fix_tests(target: FamilyFunction, neighbours: list[FamilyFunction]) -> str:
 # ---------------------------------------------------------------- the tasks
 
 
+def _body(function: FamilyFunction) -> str:
+    return _KINDS[function.kind][1].format(v=function.value)
+
+
 def _statement(target: FamilyFunction, template: int) -> str:
-    behavior = _KINDS[target.kind][2].format(v=target.value)
-    return _STATEMENTS[template].format(fn=target.name, module=target.module, pkg=PACKAGE, behavior=behavior,
+    return _STATEMENTS[template].format(fn=target.name, signature=_KINDS[target.kind][0], body=_body(target),
                                         path=f"{PACKAGE}/{target.module}.py")
 
 
-def gold_command(path: str, function: str, value: int) -> str:
-    """The demonstration's fix, built only from what the statement names (the file, the function, the right value):
-    in `path`, on the lines from `def <function>(` to its return line, the integer becomes `value`. The gold patch
-    holds more than the statement gives (the wrong value, neighbouring lines, the line numbers `git apply` checks),
-    so a policy that learned to write it could not write a held-out task's fix; this command it can. It relies on
-    what the generator writes: a function's constant is the only number from its `def` line to its `return` line."""
-    return f"sed -i '/^def {function}(/,/^    return /s/[0-9][0-9]*/{value}/' {path} && git diff"
+def gold_command(path: str, function: str, body: str) -> str:
+    """The demonstration's fix, built only from what the statement names (the file, the function, the right line):
+    in `path`, on the lines from `def <function>` to the blank line after it, the return line becomes `body`. The
+    gold patch holds more than the statement gives (the wrong value, neighbouring lines, the line numbers `git apply`
+    checks), so a policy that learned to write it could not write a held-out task's fix; this command it can. It
+    relies on what the generator writes: a blank line after every function, and `retu` only in its return line."""
+    return f"sed -i '/def {function}/,/^$/s/retu.*/{body}/' {path} && git diff"
 
 
 def _task_row(repo: Path, plan: FamilyPlan, index: int, parents: dict[str, str], seed: int) -> dict:
@@ -234,7 +239,7 @@ def _task_row(repo: Path, plan: FamilyPlan, index: int, parents: dict[str, str],
                     "fixed_files": [module_file], "test_files": [FIX_TEST_FILE],
                     # The Task model has no field for a solution written as a command (only `patch`, a diff), so the
                     # warm start's demonstrations take it from here (lego.pipeline.attempts.gold_command).
-                    "gold_command": gold_command(module_file, target.name, target.value)},
+                    "gold_command": gold_command(module_file, target.name, _body(target))},
     ).model_dump(mode="json", exclude_none=True)
 
 
