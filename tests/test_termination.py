@@ -20,14 +20,18 @@ from lego.termination import Terminated, run_until_terminated
 
 
 async def _batch(started: threading.Event, closed: list[int], attempts: int = 3) -> str:
+    running: list[int] = []
+
     async def attempt(index: int) -> None:
         try:
+            running.append(index)
+            if len(running) == attempts:  # the stop comes once every attempt holds something to clean up
+                started.set()
             await asyncio.sleep(300)
         finally:  # an attempt's cleanup: the sandbox is closed in a thread, shielded from the cancellation
             await asyncio.shield(asyncio.to_thread(closed.append, index))
 
     async def all_attempts() -> str:
-        started.set()
         await asyncio.gather(*(attempt(i) for i in range(attempts)))
         return "finished"
 
@@ -74,14 +78,18 @@ from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 from lego.termination import run_until_terminated, stop_on_sigterm
 
+running = []
+
 async def attempt(index):
     try:
+        running.append(index)
+        if len(running) == 2:  # the signal comes once both attempts hold something to clean up
+            (out / "started").write_text("")
         await asyncio.sleep(300)
     finally:
         (out / f"closed-{index}").write_text("")
 
 async def batch():
-    (out / "started").write_text("")
     await asyncio.gather(*(attempt(i) for i in range(2)))
 
 @task
