@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -49,6 +49,20 @@ class DockerConfig(Section):
     files_channel: Literal["auto", "bind", "volume"] = "auto"
 
 
+class CopyPretrainingSpec(Section):
+    """Task-free copy pretraining after the random init (lego/engine/copy_pretraining.py): in-context copying,
+    which a warm start needs to carry what a statement names into its fix and never teaches a random-init model."""
+
+    enabled: bool = False
+    short_steps: int = Field(3000, ge=1)  # the most steps of short rows; it stops once they are copied
+    long_steps: int = Field(1500, ge=1)  # the most steps of growing rows; it stops once `max_length` rows are copied
+    ramp_steps: int = Field(600, ge=1)  # long-phase steps over which the longest row grows to `max_length`
+    max_length: int = Field(1600, ge=256)  # a harness prompt's length: where a fix reads its statement from
+    target_accuracy: float = Field(0.9, gt=0, le=1)  # the share of copied tokens ranked first that ends a phase
+    short_lr: float = Field(3e-3, gt=0)
+    long_lr: float = Field(1e-3, gt=0)
+
+
 class TinyModelSpec(Section):
     """The random-init Qwen3-MoE used by the embedded default."""
 
@@ -62,6 +76,7 @@ class TinyModelSpec(Section):
     moe_intermediate_size: int = Field(128, ge=8)
     intermediate_size: int = Field(256, ge=8)
     max_position_embeddings: int = Field(32768, ge=512)
+    copy_pretraining: CopyPretrainingSpec = Field(default_factory=CopyPretrainingSpec)
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> TinyModelSpec:
@@ -229,9 +244,9 @@ class WarmStartConfig(Section):
     # this probability under the policy: about how often an attempt sampling at temperature 1 reproduces it. Unlike
     # a mean loss, it holds for each task, so that every GRPO group can find a success.
     stop_at_probability: float | None = Field(None, gt=0, lt=1)
-    # "one": a demonstration per optimizer step, in a seeded order; "all": every demonstration in each step (a
-    # full-batch gradient, steadier at a high rate).
-    step_batch: Literal["one", "all"] = "one"
+    # "one": a demonstration per optimizer step, in a seeded order; a number: that many per step; "all": every
+    # demonstration in each step (a full-batch gradient, steadier at a high rate).
+    step_batch: Literal["one", "all"] | Annotated[int, Field(ge=1)] = "one"
     lr: float = Field(1e-3, gt=0)
     # `constant`, or `cosine`: from `lr` down to 0 at `steps`, so that a run whose loss still jumps about at a high
     # rate settles instead of running out of steps above `stop_at_loss`.

@@ -69,7 +69,8 @@ def setup(config: ConfigOption = "default", overrides: Overrides = None) -> None
         console.print(f"[green]docker[/] {engine.base_url} ({'private dockerd' if engine.private else 'user engine'})")
         tag = ensure_base_image(engine.client, cfg.docker, console)
         console.print(f"[green]base image[/] {tag}")
-    model = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)
+    model = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed,
+                            on_progress=console.print)
     console.print(f"[green]policy[/] {model}")
     from lego.harness import get_harness
     from lego.harness.install import ensure_installed
@@ -117,11 +118,13 @@ def model_init(
     out: Annotated[Path | None, typer.Option(help="Directory to write (default: the config's model path).")] = None,
     force: bool = False,
 ) -> None:
-    """Write the seeded random-init tiny Qwen3-MoE checkpoint with the real Qwen3 tokenizer."""
+    """Write the seeded random-init tiny Qwen3-MoE checkpoint with the real Qwen3 tokenizer (copy-pretrained when
+    model.init.copy_pretraining says so)."""
     from lego.engine.checkpoint import default_model_path, init_tiny_model
 
     cfg, work = _load(config, overrides)
-    path = init_tiny_model(cfg.model.init, out or default_model_path(cfg, work), seed=cfg.project.seed, force=force)
+    path = init_tiny_model(cfg.model.init, out or default_model_path(cfg, work), seed=cfg.project.seed, force=force,
+                           on_progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(path)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,9 +27,22 @@ def default_model_path(config: LegoConfig, work: WorkDir) -> Path:
     return Path(config.model.path) if config.model.path else work.models / config.model.name
 
 
-def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool = False) -> Path:
-    """Write a random-init Qwen3-MoE checkpoint with the real Qwen3 tokenizer; same spec and seed, same weights."""
-    fingerprint = content_hash(spec.model_dump_json(), str(seed))
+def tiny_model_fingerprint(spec: TinyModelSpec, seed: int) -> str:
+    """What the initial weights depend on: the spec, the seed and, when it runs, the copy pretraining's code."""
+    if not spec.copy_pretraining.enabled:
+        return content_hash(spec.model_dump_json(exclude={"copy_pretraining"}), str(seed))
+    return content_hash(spec.model_dump_json(), str(seed), copy_pretraining_source())
+
+
+def copy_pretraining_source() -> str:
+    return Path(__file__).with_name("copy_pretraining.py").read_text()
+
+
+def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool = False,
+                    on_progress: Callable[[str], None] | None = None) -> Path:
+    """Write a random-init Qwen3-MoE checkpoint with the real Qwen3 tokenizer, copy-pretrained when the spec says
+    so (`on_progress` gets its progress lines); same spec and seed, same weights."""
+    fingerprint = tiny_model_fingerprint(spec, seed)
     marker = out / MARKER
     if marker.exists() and not force:
         if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
@@ -61,6 +75,11 @@ def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool =
 
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(model_config)
+    measured = {}
+    if spec.copy_pretraining.enabled:
+        from lego.engine.copy_pretraining import pretrain_copying
+
+        measured = pretrain_copying(model, spec.copy_pretraining, seed, on_progress)
     if out.exists():
         shutil.rmtree(out)
     partial = out.with_name(out.name + ".partial")
@@ -69,7 +88,7 @@ def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool =
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     (partial / MARKER).write_text(json.dumps({"fingerprint": fingerprint, "seed": seed, "spec": spec.model_dump(),
-                                              "policy_version": 0}, indent=2))
+                                              "policy_version": 0, **measured}, indent=2))
     partial.rename(out)
     return out
 

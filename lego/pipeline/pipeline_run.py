@@ -100,9 +100,10 @@ class PipelineRun:
             from lego.engine.checkpoint import default_model_path, init_tiny_model
 
             path = default_model_path(self.config, self.work)
-            if not (path / "config.json").is_file() and self.config.model.path is None:
-                self.log(f"policy: writing the tiny random-init checkpoint to {path}")
-                init_tiny_model(self.config.model.init, path, seed=self.config.project.seed)
+            if self.config.model.path is None:  # written once per spec and seed; a rerun only reads its marker
+                if not (path / "config.json").is_file():
+                    self.log(f"policy: writing the tiny random-init checkpoint to {path}")
+                init_tiny_model(self.config.model.init, path, seed=self.config.project.seed, on_progress=self.log)
             self._initial_policy = Policy.from_path(path)
         return self._initial_policy
 

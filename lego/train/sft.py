@@ -2,8 +2,8 @@
 
 The loss is the mean negative log-likelihood of the sampled tokens (response mask 1) only: the prompt, the
 harness's system text and the tool observations are context, never targets, exactly as in the RL loss. Each
-optimizer step takes one demonstration, cycled in a seeded order, so that every demonstration is seen equally
-often whatever the step count, or all of them (`warmstart.step_batch: all`).
+optimizer step takes one demonstration (`warmstart.step_batch`: one), a number of them, or all of them, cycled in
+a seeded order so that every demonstration is seen equally often whatever the step count.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], setting
               out_dir: str | Path, *, device: str = "cpu", seed: int = 0,
               on_step: Callable[[int, dict[str, float]], None] | None = None) -> tuple[Path, list[dict[str, float]]]:
     """Fine-tune the policy at `model_path` on `samples` for `settings.steps` steps, or fewer: it stops at the end
-    of the first pass over the demonstrations (`settings.step_batch` "one": one step each; "all": the step) whose
+    of the first pass over the demonstrations (`settings.step_batch` of them per step) whose
     mean loss is at most `settings.stop_at_loss`, or in which every demonstration's sampled tokens had at least
     `settings.stop_at_probability` together. The result is saved to `out_dir` as the next policy version. Returns
     the checkpoint and each step's metrics (loss, mean log-prob and accuracy of the sampled tokens, the least
@@ -64,26 +64,38 @@ def fine_tune(model_path: str | Path, samples: Sequence[TrainingSample], setting
         if on_step is not None:
             on_step(step, metrics)
         if pass_ends:
-            if _reached(history, pass_logprob, 1 if settings.step_batch == "all" else len(usable), settings):
+            if _reached(history, pass_logprob, _steps_per_pass(len(usable), settings), settings):
                 break
             pass_logprob = {}
     trainer.steps += len(history)  # the checkpoint's count goes on (Trainer starts from it)
     return trainer.save(out_dir), history
 
 
+def _demonstrations_per_step(count: int, settings: WarmStartConfig) -> int:
+    if settings.step_batch == "one":
+        return 1
+    if settings.step_batch == "all":
+        return count
+    return min(settings.step_batch, count)
+
+
+def _steps_per_pass(count: int, settings: WarmStartConfig) -> int:
+    return math.ceil(count / _demonstrations_per_step(count, settings))
+
+
 def _step_indices(count: int, settings: WarmStartConfig, seed: int):
-    """Each step's demonstrations and whether it ends a pass: all of them every step, or one each in a seeded
-    order so that every demonstration is seen equally often whatever the step count."""
-    shuffle = random.Random(seed)
+    """Each step's demonstrations and whether it ends a pass: each pass takes them all in a seeded order, a
+    step's worth at a time, so that every demonstration is seen equally often whatever the step count."""
+    shuffle, size = random.Random(seed), _demonstrations_per_step(count, settings)
     while True:
-        if settings.step_batch == "all":
+        if size == count:
             yield list(range(count)), True
             continue
         order = list(range(count))
         shuffle.shuffle(order)
         while order:
-            index = order.pop()
-            yield [index], not order
+            taken, order = order[-size:], order[:-size]
+            yield taken[::-1], not order
 
 
 def _reached(history: list[dict[str, float]], pass_logprob: dict[str, float], steps_in_pass: int,
