@@ -231,6 +231,12 @@ def _embedded_setup(cfg, work, out=None):
     from lego.sandbox.daemon import docker_engine
     from lego.sandbox.image import ensure_base_image
 
+    def say(line: str) -> None:  # a long set-up step's progress (the copy pretraining of a model spec)
+        if out is not None:
+            out.echo(f"{'set-up':<12} {line}")
+        else:
+            console.print(escape(line))
+
     @contextlib.contextmanager
     def context():
         started = time.monotonic()
@@ -241,7 +247,8 @@ def _embedded_setup(cfg, work, out=None):
             tokenizer = ensure_tokenizer()
             policy = None
             if cfg.model.path is None:
-                policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)
+                policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed,
+                                         on_progress=say)
             parts = [f"Ray cluster {cfg.pipeline.ray_address} (each worker's own Docker engine)",
                      f"tokenizer {tokenizer}"] + ([f"policy {policy}"] if policy is not None else [])
             yield from _report_setup(parts, started, out, None)
@@ -256,7 +263,8 @@ def _embedded_setup(cfg, work, out=None):
             image = ensure_base_image(engine.client, cfg.docker, terminal)
             policy = None
             if cfg.model.path is None:
-                policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed)
+                policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed,
+                                         on_progress=say)
             parts = [f"Docker engine {engine.base_url}", f"base image {image}", f"tokenizer {tokenizer.result()}",
                      f"harness {cfg.harness.name} {harness.result()}"]
             parts += [f"policy {policy}"] if policy is not None else []
