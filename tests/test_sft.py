@@ -48,3 +48,18 @@ def test_a_cosine_schedule_takes_the_rate_from_lr_down_to_zero_at_the_last_step(
     rates = [step["learning_rate"] for step in cosine]
     np.testing.assert_allclose(rates, [1e-2 * 0.5 * (1 + np.cos(np.pi * k / 8)) for k in range(8)], rtol=1e-6)
     assert cosine[0]["loss"] == constant[0]["loss"]  # the same first step; the schedule only changes what follows
+
+
+def test_a_step_batch_of_n_takes_n_demonstrations_a_step_and_each_once_a_pass(tiny_model_path, tmp_path):
+    from lego.train.sft import _step_indices
+
+    settings = WarmStartConfig(steps=10, step_batch=3)
+    steps = _step_indices(7, settings, seed=0)
+    for _ in range(3):  # three passes of ceil(7 / 3) = 3 steps: 3, 3 and the remaining 1; the last ends the pass
+        one_pass = [next(steps) for _ in range(3)]
+        assert [len(indices) for indices, _ in one_pass] == [3, 3, 1]
+        assert [ends for _, ends in one_pass] == [False, False, True]
+        assert sorted(index for indices, _ in one_pass for index in indices) == list(range(7))
+    samples = [demonstration(index) for index in range(5)]
+    _, history = fine_tune(tiny_model_path, samples, WarmStartConfig(steps=4, step_batch=2, lr=1e-2), tmp_path / "b")
+    assert [step["tokens"] for step in history] == [14.0, 14.0, 7.0, 14.0]  # 7 sampled tokens a demonstration
