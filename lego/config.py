@@ -55,10 +55,13 @@ class CopyPretrainingSpec(Section):
 
     enabled: bool = False
     short_steps: int = Field(3000, ge=1)  # the most steps of short rows; it stops once they are copied
-    long_steps: int = Field(1500, ge=1)  # the most steps of growing rows; it stops once `max_length` rows are copied
+    long_steps: int = Field(3000, ge=1)  # the most steps of growing rows; it stops once `max_length` rows are copied
     ramp_steps: int = Field(600, ge=1)  # long-phase steps over which the longest row grows to `max_length`
     max_length: int = Field(1600, ge=256)  # a harness prompt's length: where a fix reads its statement from
-    target_accuracy: float = Field(0.9, gt=0, le=1)  # the share of copied tokens ranked first that ends a phase
+    # The share of copied tokens ranked first that ends each phase. A warm start from a model that copied 92% of
+    # short repeats and 72% of long spans wrote no held-out fix; one from 96% and 83% wrote 13 of 32.
+    short_target: float = Field(0.97, gt=0, le=1)
+    long_target: float = Field(0.9, gt=0, le=1)
     short_lr: float = Field(3e-3, gt=0)
     long_lr: float = Field(1e-3, gt=0)
 

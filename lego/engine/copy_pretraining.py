@@ -10,10 +10,10 @@ predict. No task, statement or demonstration is seen (docs/learning.md#copy-pret
 Two phases, each with a stopping rule checked every `CHECK_EVERY` steps on fresh rows (argmax over the whole
 vocabulary):
 - `short`: 128-token rows whose random first half (16 to 64 ids) comes again. The circuit forms here, suddenly, at
-  a step that varies with the seed; the phase ends when the repeats are copied at `target_accuracy`.
+  a step that varies with the seed; the phase ends when the repeats are copied at `short_target`.
 - `long`: row lengths grow to `max_length` (a harness prompt: a statement is read about a thousand tokens before
   the reply that needs it) with spans recurring at random distances, ids from the whole vocabulary, and short rows
-  kept in every step; it ends when spans are copied at `target_accuracy` in `max_length`-token rows.
+  kept in every step; it ends when spans are copied at `long_target` in `max_length`-token rows.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def pretrain_copying(model, spec: CopyPretrainingSpec, seed: int, on_progress: P
 
     def measured_long() -> float:
         with torch.no_grad():
-            return copy_loss(model, rows.recurring_spans(4, spec.max_length, 4))[1]
+            return copy_loss(model, rows.recurring_spans(8, spec.max_length, 4))[1]
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.short_lr, weight_decay=0.0, betas=(0.9, 0.98))
     short_accuracy, short_steps = 0.0, 0
@@ -143,12 +143,12 @@ def pretrain_copying(model, spec: CopyPretrainingSpec, seed: int, on_progress: P
             if step % (5 * CHECK_EVERY) == 0:
                 say(f"policy: copy pretraining, short rows: step {step}, copies {short_accuracy:.0%} "
                     f"({time.monotonic() - started:.0f} s)")
-            if short_accuracy >= spec.target_accuracy:
+            if short_accuracy >= spec.short_target:
                 break
-    if short_accuracy < spec.target_accuracy:
+    if short_accuracy < spec.short_target:
         raise CopyPretrainingError(
             f"copy pretraining: after {spec.short_steps} steps of short rows the model copies {short_accuracy:.0%} of "
-            f"repeats (target {spec.target_accuracy:.0%}); the circuit forms after a plateau whose length varies with "
+            f"repeats (target {spec.short_target:.0%}); the circuit forms after a plateau whose length varies with "
             "the seed: raise model.init.copy_pretraining.short_steps or try another project.seed")
     say(f"policy: copy pretraining: copying formed at step {short_steps} ({short_accuracy:.0%} of repeats)")
 
@@ -166,7 +166,7 @@ def pretrain_copying(model, spec: CopyPretrainingSpec, seed: int, on_progress: P
             if step % (5 * CHECK_EVERY) == 0:
                 say(f"policy: copy pretraining, rows up to {spec.max_length} tokens: step {step}, copies "
                     f"{long_accuracy:.0%} ({time.monotonic() - started:.0f} s)")
-            if step >= spec.ramp_steps and long_accuracy >= spec.target_accuracy:
+            if step >= spec.ramp_steps and long_accuracy >= spec.long_target:
                 break
     model.eval()
     result = {"copy_short_steps": short_steps, "copy_long_steps": long_steps,
