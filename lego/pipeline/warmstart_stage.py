@@ -40,10 +40,19 @@ def portable_task_key(tasks: list[Task]) -> str:
     return content_hash(*parts)
 
 
+def warmstart_inputs(ctx: StageContext, tasks: list[Task], policy: Policy) -> dict:
+    """What the warm start's result depends on. Its demonstrations are scripted, not sampled: the sampling
+    temperature and top-p shape no token of them (their log-probs are the temperature-1 policy's), so a run that
+    samples RL at another temperature reuses the same warm start. max_tokens stays: it can cut a gold reply."""
+    settings = rollout_settings(ctx)
+    settings["sampling"] = {"max_tokens": ctx.config.sampling.max_tokens}
+    return {"tasks": portable_task_key(tasks), "policy": policy.key,
+            "warmstart": ctx.config.section_dict("warmstart"), **settings, **grading_settings(ctx)}
+
+
 def run_warmstart_stage(ctx: StageContext, tasks_result: StageResult, policy: Policy) -> StageResult:
     tasks = read_tasks(tasks_result.outputs["train_tasks"])
-    inputs = {"tasks": portable_task_key(tasks), "policy": policy.key,
-              "warmstart": ctx.config.section_dict("warmstart"), **rollout_settings(ctx), **grading_settings(ctx)}
+    inputs = warmstart_inputs(ctx, tasks, policy)
     # Shared by every work dir and clone of this machine, as the base image and the tokenizer are; not a run's
     # whose attempts come from a stand-in runner (pipeline.runner): its demonstrations are not the harness's.
     shared = cache_dir(STAGE) if ctx.config.pipeline.runner is None else None
