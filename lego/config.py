@@ -238,6 +238,9 @@ class WarmStartConfig(Section):
     trajectories the verifier grades resolved are the data (loss on the sampled tokens only)."""
 
     enabled: bool = False
+    # Demonstrate only the first N training tasks (None: all). RL then practises the others with no demonstration
+    # to replay: where the skill must be used rather than a memorized reply recalled (docs/learning.md).
+    tasks: int | None = Field(None, ge=1)
     steps: int = Field(200, ge=1)  # optimizer steps, each on one demonstration (cycled in a seeded order)
     # Stop at the end of the first pass over the demonstrations whose mean loss (per sampled token) is at most this;
     # `steps` is then the most it may take. Memorization sets in abruptly and at a step count that varies from run

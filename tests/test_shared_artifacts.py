@@ -73,21 +73,3 @@ def test_an_incomplete_copy_in_the_machine_cache_is_not_served(tmp_path):
     result = run_cached(other, "warmstart", None, {"tasks": "t"}, _writer(calls), shared=shared)
     assert not result.cached and len(calls) == 2
 
-
-def test_the_warm_start_key_ignores_the_sampling_temperature_its_scripted_demonstrations_never_use(tmp_path):
-    """Arms that sample RL at another temperature share one warm start; what can change a demonstration (a reply
-    cut by max_tokens, the harness, the warm start's own settings) still changes the key."""
-    from lego.pipeline.policy import Policy
-    from lego.pipeline.warmstart_stage import warmstart_inputs
-
-    policy = Policy.from_path(tmp_path / "policy", key="init")
-
-    def key(*overrides: str) -> dict:
-        config = load_config("test", list(overrides))
-        ctx = StageContext(config=config, work=WorkDir.create(tmp_path / "work"), run_id="run-test", runner=None)
-        return warmstart_inputs(ctx, [], policy)
-
-    base = key()
-    assert key("sampling.temperature=0.5", "sampling.top_p=0.9") == base
-    for changed in ("sampling.max_tokens=64", "harness.max_turns=7", "warmstart.lr=0.5", "project.seed=9"):
-        assert key(changed) != base, changed

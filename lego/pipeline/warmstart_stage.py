@@ -50,8 +50,14 @@ def warmstart_inputs(ctx: StageContext, tasks: list[Task], policy: Policy) -> di
             "warmstart": ctx.config.section_dict("warmstart"), **settings, **grading_settings(ctx)}
 
 
-def run_warmstart_stage(ctx: StageContext, tasks_result: StageResult, policy: Policy) -> StageResult:
+def demonstrated_tasks(ctx: StageContext, tasks_result: StageResult) -> list[Task]:
+    """The training tasks the warm start demonstrates: the first `warmstart.tasks` of the split, in its order."""
     tasks = read_tasks(tasks_result.outputs["train_tasks"])
+    return tasks[:ctx.config.warmstart.tasks] if ctx.config.warmstart.tasks is not None else tasks
+
+
+def run_warmstart_stage(ctx: StageContext, tasks_result: StageResult, policy: Policy) -> StageResult:
+    tasks = demonstrated_tasks(ctx, tasks_result)
     inputs = warmstart_inputs(ctx, tasks, policy)
     # Shared by every work dir and clone of this machine, as the base image and the tokenizer are; not a run's
     # whose attempts come from a stand-in runner (pipeline.runner): its demonstrations are not the harness's.
