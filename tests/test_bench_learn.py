@@ -22,7 +22,7 @@ from lego.pipeline.manifest import RunManifest, save_manifest
 from lego.pipeline.policy import Policy
 from lego.pipeline.train_stage import run_train_stage, training_batch
 from lego.pipeline.verify_stage import outcome_metrics
-from lego.tasksets.family import parse_family_source
+from lego.tasksets.family import family_tasks, parse_family_source
 from lego.workdir import WorkDir
 
 ARMS = ("sft", "rft", "grpo", "success_mass")
@@ -34,6 +34,9 @@ def test_the_family_config_loads_and_validates():
     # the warm start and RL see the training tasks, the held-out split is evaluated only
     assert (config.tasks.split, config.tasks.eval_split) == ("train", "eval")
     assert config.warmstart.enabled and config.eval.at_start and set(config.eval.splits) == {"train", "eval"}
+    # some training tasks are demonstrated, and RL also practises others with no demonstration
+    train_tasks = sum(task.split == "train" for task in family_tasks("constants", 0))
+    assert config.warmstart.tasks is not None and 0 < config.warmstart.tasks < train_tasks
     assert config.eval.every == config.pipeline.iterations  # evaluated before RL and after the last iteration
     assert config.sampling.max_tokens >= 204  # the longest gold reply of the family
     assert config.filter.enabled is False and config.rollout.samples_per_task >= 2
