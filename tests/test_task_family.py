@@ -40,6 +40,7 @@ def test_the_splits_have_their_sizes_and_share_no_surface(tasks):
     held_out = [t for t in tasks if t.split == HELD_OUT_SPLIT]
     assert (len(train), len(held_out)) == (64, 32)
     assert len({t.instance_id for t in tasks}) == 96 and len({t.base_commit for t in tasks}) == 96
+    assert len({t.provenance["module"] for t in tasks}) == 96  # a module per task: 96 independent file names
 
     def surface(split, key):
         return {t.provenance[key] for t in split}

@@ -6,13 +6,15 @@ held-out split shares the family's skill but not its surface, so a policy that i
 memorized the training tasks) cannot pass it.
 
 `family:constants` is a tiny Python package `appconf` of modules of small functions that return or use an integer
-constant. Each task plants one wrong constant in one function; the statement names the file, the function's `def`
-and its right return line (phrased from a few templates); the gold patch fixes that one line; the hidden test file
-(tests/test_fix.py, the test_patch) checks it (FAIL_TO_PASS) and pins two other functions of the module
-(PASS_TO_PASS, with the module's visible tests and another module's). The split:
+constant. Each task plants one wrong constant in one function of a module of its own; the statement names the file,
+the function's `def` and its right return line (phrased from a few templates); the gold patch fixes that one line;
+the hidden test file (tests/test_fix.py, the test_patch) checks it (FAIL_TO_PASS) and pins the module's two other
+functions (PASS_TO_PASS, with the module's visible tests and another module's). The split:
 - train tasks live in the train modules, held-out ("eval") tasks in other modules that only the held-out tasks'
   repository has: disjoint files, (module, function) pairs and function names;
-- every function has its own value, so the held-out fixes' values are disjoint from the training ones.
+- every function has its own value, so the held-out fixes' values are disjoint from the training ones;
+- one task per module, so no two tasks share a file name: a policy that cannot copy a file name it never wrote fails
+  one task for it, not every task of a module, and the held-out rate counts as many independent file names as tasks.
 The whole family is one git repository: a pristine commit with the train modules, one on top adding the held-out
 modules, and one commit per task planting its bug; fixed dates make the hashes the same on every machine.
 
@@ -45,19 +47,29 @@ TRAIN_SPLIT = "train"
 HELD_OUT_SPLIT = "eval"  # the split name the configs use for held-out tasks (tasks.eval_split, eval.splits)
 PACKAGE = "appconf"
 FIX_TEST_FILE = "tests/test_fix.py"
-FUNCTIONS_PER_MODULE = 8
+FUNCTIONS_PER_MODULE = 3  # the task's target and the two functions its hidden tests pin
 PRISTINE_DATE = "2024-01-01T00:00:00+00:00"
 HELD_OUT_DATE = "2024-01-01T12:00:00+00:00"
 BUG_DATE = "2024-01-02T00:00:00+00:00"
 REPOS_SUBDIR = "repos"
 
-_MODULES = ("billing", "network", "storage", "render", "audio", "cache", "auth", "search", "upload", "queue",
-            "mailer", "report", "scheduler", "metrics", "gateway", "ledger", "inventory", "profile", "session",
-            "thumbnail", "export", "backup", "checkout", "pricing")
+# A module per task: as many names as the family can have tasks. Common words of an application's parts, so that
+# their tokens are ordinary ones (a file name of one to three tokens).
+_MODULES = tuple("""
+    billing network storage render audio cache auth search upload queue mailer report scheduler metrics gateway
+    ledger inventory profile session thumbnail export backup checkout pricing payments orders catalog shipping
+    invoices alerts tracking captcha webhooks tokens sitemap locale avatar comments feeds ratings coupons banners
+    routing logging tenants plugins themes widgets vendors wallet loyalty refunds surveys badges polls calendar
+    tickets forms media assets firewall vault licenses invites groups teams roles policies printer camera sensor
+    router modem tablet keyboard monitor speaker battery charger scanner projector antenna cable adapter display
+    webcam headset stylus console gamepad joystick remote lamp thermostat doorbell meter valve pump motor engine
+    brake clutch pedal wheel mirror radio compiler parser lexer linker loader kernel driver shell editor terminal
+    browser crawler indexer ranker tagger planner tracker notifier importer archiver resizer encoder decoder mixer
+    player recorder streamer""".split())
 _QUALIFIERS = ("default", "max", "min", "base", "initial", "fallback", "target", "peak", "idle", "spare", "grace",
-               "burst")
+               "burst", "soft", "hard", "extra", "local")
 _NOUNS = ("timeout", "retries", "port", "width", "height", "batch", "depth", "ratio", "limit", "threshold",
-          "interval", "workers", "buffer", "quota", "window", "delay")
+          "interval", "workers", "buffer", "quota", "window", "delay", "size", "count", "offset", "margin")
 # What a function does with its constant: (signature, body, test call, expected). The statement gives the right
 # body, so the fix is the statement's line in the statement's function of the statement's file.
 _KINDS = {
@@ -98,27 +110,29 @@ class FamilyPlan(BaseModel):
 
 
 def _plan(seed: int, train: int, held_out: int) -> FamilyPlan:
-    """Draw the family's surface for a seed; every choice comes from one seeded generator, in a fixed order."""
+    """Draw the family's surface for a seed; every choice comes from one seeded generator, in a fixed order. A task
+    per module: the first `train` modules hold the training tasks, the next `held_out` the held-out ones."""
     rng = random.Random(f"family:constants:{seed}")
-    n_train, n_held = math.ceil(train / FUNCTIONS_PER_MODULE), math.ceil(held_out / FUNCTIONS_PER_MODULE)
     names = [f"{q}_{n}" for q in _QUALIFIERS for n in _NOUNS]
-    n_functions = (n_train + n_held) * FUNCTIONS_PER_MODULE
-    if n_train + n_held > len(_MODULES) or n_functions > len(names):
-        most = len(_MODULES) * FUNCTIONS_PER_MODULE
+    n_modules = train + held_out
+    n_functions = n_modules * FUNCTIONS_PER_MODULE
+    if n_modules > len(_MODULES) or n_functions > len(names):
+        most = min(len(_MODULES), len(names) // FUNCTIONS_PER_MODULE)
         raise TaskSetError(f"family:constants has at most {most} tasks in all (asked for {train} training and "
                            f"{held_out} held-out); ask for fewer")
-    modules = rng.sample(_MODULES, n_train + n_held)
+    modules = rng.sample(_MODULES, n_modules)
     names = rng.sample(names, n_functions)
     values = rng.sample(range(2, 1000), n_functions)
     kinds = sorted(_KINDS)
     functions = [FamilyFunction(module=modules[i // FUNCTIONS_PER_MODULE], name=names[i], kind=rng.choice(kinds),
                                 value=values[i]) for i in range(n_functions)]
+    unused = sorted(set(range(2, 1000)) - set(values))  # a wrong value is no function's right one
     tasks = []
-    for split, pool, count in ((TRAIN_SPLIT, modules[:n_train], train), (HELD_OUT_SPLIT, modules[n_train:], held_out)):
-        for target in rng.sample([f for f in functions if f.module in pool], count):
-            wrong = rng.choice([v for v in range(2, 1000) if v != target.value])
-            tasks.append((split, target, wrong, rng.randrange(len(_STATEMENTS))))
-    return FamilyPlan(train_modules=modules[:n_train], held_out_modules=modules[n_train:], functions=functions,
+    for index, module in enumerate(modules):
+        target = rng.choice([f for f in functions if f.module == module])
+        wrong = rng.choice(unused)
+        tasks.append((TRAIN_SPLIT if index < train else HELD_OUT_SPLIT, target, wrong, rng.randrange(len(_STATEMENTS))))
+    return FamilyPlan(train_modules=modules[:train], held_out_modules=modules[train:], functions=functions,
                       tasks=tasks)
 
 
