@@ -162,6 +162,9 @@ class FilterConfig(Section):
 
 class RolloutConfig(Section):
     samples_per_task: int = Field(4, ge=1)
+    # False: RL's rollouts leave out the tasks the warm start demonstrated (warmstart.tasks), which a warm-started
+    # policy recalls at a low temperature every time: groups with no signal, a rollout budget spent on nothing.
+    practise_demonstrated: bool = True
     concurrency: int = Field(2, ge=1)
     infra_retries: int = Field(2, ge=0)
 
@@ -362,6 +365,18 @@ class LegoConfig(Section):
 
     def section_dict(self, name: str) -> dict[str, Any]:
         return getattr(self, name).model_dump(mode="json")
+
+    @model_validator(mode="after")
+    def _practised_tasks_are_known(self) -> LegoConfig:
+        if self.rollout.practise_demonstrated:
+            return self
+        if not self.warmstart.enabled or self.warmstart.tasks is None:
+            raise ValueError("rollout.practise_demonstrated: false leaves out the tasks the warm start demonstrated; "
+                             "it needs warmstart.enabled: true and warmstart.tasks: N (the first N training tasks)")
+        if self.filter.enabled:
+            raise ValueError("rollout.practise_demonstrated: false and filter.enabled: true both pick RL's tasks; "
+                             "keep one (the filter drops tasks the policy always solves, at the cost of attempts)")
+        return self
 
 
 def _resolve_config_path(name_or_path: str | Path, relative_to: Path | None = None) -> Path:

@@ -22,7 +22,7 @@ from lego.pipeline.artifacts import (
 from lego.pipeline.attempts import check_complete, pending_requests
 from lego.pipeline.keys import code_version, key_of
 from lego.pipeline.policy import Policy
-from lego.pipeline.taskset_stage import read_tasks
+from lego.pipeline.taskset_stage import practised, read_tasks
 from lego.rollout.requests import RolloutRequest, rollout_requests, round_seed
 from lego.tasksets.task import Task
 
@@ -52,10 +52,14 @@ class RolloutPlan:
 
 
 def plan_rollouts(ctx: StageContext, task_list: StageResult, policy: Policy, iteration: int) -> RolloutPlan:
-    """`task_list`: the filter result (kept tasks) or the tasks result (train tasks)."""
-    tasks = read_tasks(task_list.outputs.get("kept_tasks") or task_list.outputs["train_tasks"])
+    """`task_list`: the filter result (kept tasks) or the tasks result (train tasks, less the demonstrated ones
+    where rollout.practise_demonstrated is false; the config allows that without the filter only)."""
+    kept = task_list.outputs.get("kept_tasks")
+    tasks = read_tasks(kept) if kept else practised(ctx.config, read_tasks(task_list.outputs["train_tasks"]))
     inputs = {"task_list": task_list.key, "policy": policy.key, "rollout": ctx.config.section_dict("rollout"),
               **rollout_settings(ctx)}
+    if not ctx.config.rollout.practise_demonstrated:
+        inputs["demonstrated"] = ctx.config.warmstart.tasks  # which tasks are left out
     key = key_of({"stage": STAGE, "iteration": iteration, "code": code_version(STAGE), **inputs})
     data_run_id = f"rollout-{key[:16]}"
     plan = RolloutPlan(key, data_run_id, inputs, tasks, [], [], policy, iteration, started_at=time.time())

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 from lego.cache import content_hash
+from lego.config import LegoConfig
 from lego.errors import LegoError
 from lego.pipeline.artifacts import StageContext, StageOutput, StageResult, run_cached
-from lego.tasksets.task import Task
+from lego.tasksets.task import Task, TaskSetError
 
 
 def load_task_set(ctx: StageContext) -> list[Task]:
@@ -40,6 +41,23 @@ def write_tasks(path: Path, tasks: list[Task]) -> Path:
 
 def read_tasks(path: str | Path) -> list[Task]:
     return [Task.model_validate_json(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def demonstrated(config: LegoConfig, train: list[Task]) -> list[Task]:
+    """The training tasks the warm start demonstrates: the first `warmstart.tasks` of the split, in its order."""
+    return train[:config.warmstart.tasks] if config.warmstart.tasks is not None else train
+
+
+def practised(config: LegoConfig, train: list[Task]) -> list[Task]:
+    """The training tasks RL's rollouts cover: all, or those the warm start did not demonstrate."""
+    if config.rollout.practise_demonstrated:
+        return train
+    shown = {task.instance_id for task in demonstrated(config, train)}
+    rest = [task for task in train if task.instance_id not in shown]
+    if not rest:
+        raise TaskSetError(f"rollout.practise_demonstrated is false and the warm start demonstrates all {len(train)} "
+                           "training tasks: lower warmstart.tasks, or set rollout.practise_demonstrated: true")
+    return rest
 
 
 def run_taskset_stage(ctx: StageContext) -> StageResult:

@@ -21,7 +21,7 @@ from lego.pipeline.attempts import run_attempts
 from lego.pipeline.grading import grade_attempts
 from lego.pipeline.policy import Policy
 from lego.pipeline.rollout_stage import rollout_settings
-from lego.pipeline.taskset_stage import read_tasks
+from lego.pipeline.taskset_stage import demonstrated, read_tasks
 from lego.pipeline.verify_stage import grading_settings
 from lego.records import OutcomeKind
 from lego.tasksets.task import Task
@@ -51,9 +51,7 @@ def warmstart_inputs(ctx: StageContext, tasks: list[Task], policy: Policy) -> di
 
 
 def demonstrated_tasks(ctx: StageContext, tasks_result: StageResult) -> list[Task]:
-    """The training tasks the warm start demonstrates: the first `warmstart.tasks` of the split, in its order."""
-    tasks = read_tasks(tasks_result.outputs["train_tasks"])
-    return tasks[:ctx.config.warmstart.tasks] if ctx.config.warmstart.tasks is not None else tasks
+    return demonstrated(ctx.config, read_tasks(tasks_result.outputs["train_tasks"]))
 
 
 def run_warmstart_stage(ctx: StageContext, tasks_result: StageResult, policy: Policy) -> StageResult:
