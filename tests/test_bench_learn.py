@@ -206,3 +206,11 @@ def test_the_bench_says_when_an_arm_did_not_start_from_the_seeds_warm_start(tmp_
     result = bench.bench_learn(None, None, config="family", arms="sft,grpo", seeds="0",
                                overrides=f"project.work_dir={tmp_path}")
     assert result["warmstart_differs"] == ["grpo seed 0"]
+
+
+def test_the_run_summary_states_the_held_out_rate_before_and_after_rl_and_draws_no_conclusion():
+    from lego.pipeline.report import learning_lines
+
+    lines = learning_lines(crafted_manifest("r", before=(2, 1), after=(6, 5)), {"sampling": {"temperature": 0.5}})
+    (held,) = [line for line in lines if line.startswith("held-out tasks")]
+    assert "1/8 = 12%" in held and "5/8 = 62%" in held and "transfer" not in held

@@ -178,10 +178,10 @@ def learning_lines(manifest: RunManifest, config: dict[str, Any]) -> list[str]:
                   f"  after RL   {_rate(after)}  the policy after {iterations} RL iteration"
                   f"{'s' if iterations != 1 else ''} (an evaluation)",
                   f"  change     {found['change'] * 100:+.0f} points"]
-        held = found["held_out"][1]
-        if held:
-            lines.append(f"held-out tasks after RL: {held['resolved']}/{held['attempts']} resolved (memorized "
-                         "solutions do not transfer; docs/learning.md)")
+        held_before, held_after = found["held_out"]
+        if held_after:
+            lines.append(f"held-out tasks, never trained on: {_rate(held_before) if held_before else 'not evaluated'}"
+                         f" before RL, {_rate(held_after)} after")
     return lines + _train_summary(manifest)
 
 
