@@ -66,6 +66,20 @@ class CopyPretrainingSpec(Section):
     long_lr: float = Field(1e-3, gt=0)
 
 
+class CodeCopyingSpec(Section):
+    """Copying in real code after copy pretraining (lego/engine/code_copying.py): spans recurring in the Python
+    standard library's source, whose tokens repeat as a statement's and a fix's do, unlike random ids."""
+
+    enabled: bool = False
+    max_steps: int = Field(1500, ge=1)
+    min_steps: int = Field(600, ge=1)  # the warm start that copied held-out fixes came after 600 steps
+    max_length: int = Field(1600, ge=256)  # as copy pretraining's: a harness prompt's length
+    # The share of recurring code tokens copied (argmax, whole vocabulary, held-out files, `max_length` rows) that
+    # ends the phase once `min_steps` are done.
+    target: float = Field(0.7, gt=0, le=1)
+    lr: float = Field(1e-3, gt=0)
+
+
 class TinyModelSpec(Section):
     """The random-init Qwen3-MoE used by the embedded default."""
 
@@ -80,11 +94,17 @@ class TinyModelSpec(Section):
     intermediate_size: int = Field(256, ge=8)
     max_position_embeddings: int = Field(32768, ge=512)
     copy_pretraining: CopyPretrainingSpec = Field(default_factory=CopyPretrainingSpec)
+    code_copying: CodeCopyingSpec = Field(default_factory=CodeCopyingSpec)
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> TinyModelSpec:
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError("num_experts_per_tok must not exceed num_experts")
+        if self.code_copying.enabled and not self.copy_pretraining.enabled:
+            raise ValueError("model.init.code_copying refines the copying that copy pretraining forms: enable "
+                             "model.init.copy_pretraining too, or turn code_copying off")
+        if self.code_copying.min_steps > self.code_copying.max_steps:
+            raise ValueError("model.init.code_copying.min_steps must not exceed its max_steps")
         return self
 
 

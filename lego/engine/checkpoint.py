@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lego.cache import content_hash
+from lego.cache import cache_dir, content_hash
 from lego.config import LegoConfig, TinyModelSpec
 from lego.engine.tokenizer import ensure_tokenizer, load_tokenizer
 from lego.errors import ModelError
@@ -27,30 +27,65 @@ def default_model_path(config: LegoConfig, work: WorkDir) -> Path:
     return Path(config.model.path) if config.model.path else work.models / config.model.name
 
 
-def tiny_model_fingerprint(spec: TinyModelSpec, seed: int) -> str:
-    """What the initial weights depend on: the spec, the seed and, when it runs, the copy pretraining's code."""
+def copy_pretrained_fingerprint(spec: TinyModelSpec, seed: int) -> str:
+    """What the weights before code copying depend on: the spec, the seed and, when it runs, copy pretraining's code."""
     if not spec.copy_pretraining.enabled:
-        return content_hash(spec.model_dump_json(exclude={"copy_pretraining"}), str(seed))
-    return content_hash(spec.model_dump_json(), str(seed), copy_pretraining_source())
+        return content_hash(spec.model_dump_json(exclude={"copy_pretraining", "code_copying"}), str(seed))
+    return content_hash(spec.model_dump_json(exclude={"code_copying"}), str(seed), copy_pretraining_source())
+
+
+def tiny_model_fingerprint(spec: TinyModelSpec, seed: int) -> str:
+    """What the initial weights depend on: those before code copying and, when it runs, its settings, code and the
+    source it reads."""
+    before = copy_pretrained_fingerprint(spec, seed)
+    if not spec.code_copying.enabled:
+        return before
+    from lego.engine.code_copying import corpus_digest, standard_library_files
+
+    return content_hash(before, spec.code_copying.model_dump_json(), code_copying_source(),
+                        corpus_digest(standard_library_files()))
 
 
 def copy_pretraining_source() -> str:
     return Path(__file__).with_name("copy_pretraining.py").read_text()
 
 
+def code_copying_source() -> str:
+    return Path(__file__).with_name("code_copying.py").read_text()
+
+
+def copy_pretrained_cache(fingerprint: str) -> Path:
+    """Where a copy-pretrained checkpoint is kept for the whole machine: it takes about an hour on 2 cores, and every
+    work directory (each bench seed's, each arm's) starts from it."""
+    return cache_dir("copy-pretrained") / fingerprint
+
+
 def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool = False,
                     on_progress: Callable[[str], None] | None = None) -> Path:
-    """Write a random-init Qwen3-MoE checkpoint with the real Qwen3 tokenizer, copy-pretrained when the spec says
-    so (`on_progress` gets its progress lines); same spec and seed, same weights."""
+    """Write a random-init Qwen3-MoE checkpoint with the real Qwen3 tokenizer, copy-pretrained and trained to copy
+    code when the spec says so (`on_progress` gets their progress lines); same spec and seed, same weights."""
     fingerprint = tiny_model_fingerprint(spec, seed)
     marker = out / MARKER
     if marker.exists() and not force:
         if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
             return out  # before importing transformers: a rerun's set-up only checks
+    tokenizer = load_tokenizer(ensure_tokenizer())
+    if spec.copy_pretraining.enabled:
+        model, measured = _copy_pretrained(spec, seed, tokenizer, force, on_progress)
+    else:
+        model, measured = _random_init(spec, seed, tokenizer), {}
+    if spec.code_copying.enabled:
+        from lego.engine.code_copying import train_code_copying
+
+        measured |= train_code_copying(model, tokenizer, spec.code_copying, seed, on_progress=on_progress)
+    _save(model, tokenizer, out, {"fingerprint": fingerprint, "seed": seed, "spec": spec.model_dump(),
+                                  "policy_version": 0, **measured})
+    return out
+
+
+def _random_init(spec: TinyModelSpec, seed: int, tokenizer):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    tokenizer_dir = ensure_tokenizer()
-    tokenizer = load_tokenizer(tokenizer_dir)
     model_config = Qwen3MoeConfig(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
@@ -74,12 +109,31 @@ def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool =
     import torch
 
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(model_config)
-    measured = {}
-    if spec.copy_pretraining.enabled:
-        from lego.engine.copy_pretraining import pretrain_copying
+    return Qwen3MoeForCausalLM(model_config)
 
-        measured = pretrain_copying(model, spec.copy_pretraining, seed, on_progress)
+
+def _copy_pretrained(spec: TinyModelSpec, seed: int, tokenizer, force: bool,
+                     on_progress: Callable[[str], None] | None) -> tuple[object, dict]:
+    """The copy-pretrained model and what its pretraining measured: from the machine's cache, else trained and kept."""
+    fingerprint = copy_pretrained_fingerprint(spec, seed)
+    cached = copy_pretrained_cache(fingerprint)
+    if (cached / MARKER).exists() and not force:
+        recorded = json.loads((cached / MARKER).read_text())
+        if recorded.get("fingerprint") == fingerprint:
+            (on_progress or (lambda line: None))(f"policy: copy pretraining: cached at {cached}")
+            measured = {key: value for key, value in recorded.items() if key.startswith("copy_")}
+            return load_model(cached, "float32").train(), measured
+    from lego.engine.copy_pretraining import pretrain_copying
+
+    model = _random_init(spec, seed, tokenizer)
+    measured = pretrain_copying(model, spec.copy_pretraining, seed, on_progress)
+    _save(model, tokenizer, cached, {"fingerprint": fingerprint, "seed": seed, "spec": spec.model_dump(),
+                                     "policy_version": 0, **measured})
+    return model, measured
+
+
+def _save(model, tokenizer, out: Path, marker: dict) -> None:
+    """Written whole or not at all: a half-written directory is never mistaken for a checkpoint."""
     if out.exists():
         shutil.rmtree(out)
     partial = out.with_name(out.name + ".partial")
@@ -87,10 +141,8 @@ def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool =
         shutil.rmtree(partial)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
-    (partial / MARKER).write_text(json.dumps({"fingerprint": fingerprint, "seed": seed, "spec": spec.model_dump(),
-                                              "policy_version": 0, **measured}, indent=2))
+    (partial / MARKER).write_text(json.dumps(marker, indent=2))
     partial.rename(out)
-    return out
 
 
 def load_model(path: Path, dtype: str = "float32", device: str = "cpu"):
