@@ -1,0 +1,114 @@
+"""Code copying (lego/engine/code_copying.py): its rows are real source with copies the loss is on, what it measures
+on is never trained on, and the initial checkpoint's cache keys cover it without redoing the copy pretraining it
+starts from. Whether it helps the warm start is measured, not tested: docs/benchmarks.md, Learning bench, item 8."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from lego.config import CodeCopyingSpec, CopyPretrainingSpec, TinyModelSpec
+from lego.engine import checkpoint
+from lego.engine.checkpoint import (
+    MARKER,
+    copy_pretrained_fingerprint,
+    init_tiny_model,
+    tiny_model_fingerprint,
+)
+from lego.engine.code_copying import (
+    MEASURED_FILE_EVERY,
+    CodeCorpusError,
+    CodeRows,
+    corpus_digest,
+    standard_library_files,
+)
+from lego.engine.tokenizer import load_tokenizer
+
+TINY = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+            num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8, intermediate_size=8)
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def _small_corpus() -> list[Path]:
+    return standard_library_files()[:40]
+
+
+def test_the_corpus_is_the_standard_librarys_own_modules():
+    files = standard_library_files()
+    parts = {part for path in files for part in path.relative_to(STDLIB).parts[:-1]}
+    assert STDLIB / "json" / "decoder.py" in files and STDLIB / "functools.py" in files
+    assert not parts & {"test", "site-packages", "idlelib"}  # library code, not its tests or installed packages
+    assert corpus_digest(files[:5]) == corpus_digest(files[:5]) != corpus_digest(files[1:6])
+
+
+def test_a_python_without_its_source_is_told_what_to_do(tmp_path):
+    (tmp_path / "only.py").write_text("x = 1\n")
+    with pytest.raises(CodeCorpusError, match="model.init.code_copying"):
+        standard_library_files(tmp_path)
+
+
+def test_every_target_is_a_copy_and_measured_files_are_never_trained_on():
+    files = _small_corpus()
+    tokenizer = load_tokenizer()
+    rows = CodeRows(files, tokenizer, seed=0)
+    measured = [token for index, path in enumerate(files) if index % MEASURED_FILE_EVERY == 0
+                for token in tokenizer.encode(path.read_text(encoding="utf-8", errors="replace"))]
+    assert rows.measured == measured and len(rows.train) > 5 * len(rows.measured)
+    for ids, targets in (rows.spans(3, 400, 4), rows.spans(2, 256, 3, measured=True)):
+        assert targets and ids.shape[1] in (400, 256)
+        for row, position in targets:
+            tokens = ids[row].tolist()
+            # the token a copy predicts: the same (previous, next) pair occurs earlier in the row
+            assert any(tokens[index - 1:index + 1] == tokens[position - 1:position + 1] for index in range(1, position))
+    again = CodeRows(files, tokenizer, seed=0)
+    assert again.spans(2, 300, 3)[0].tolist() == CodeRows(files, tokenizer, seed=0).spans(2, 300, 3)[0].tolist()
+
+
+def test_code_copying_needs_copy_pretraining():
+    with pytest.raises(ValueError, match="enable model.init.copy_pretraining"):
+        TinyModelSpec(code_copying=CodeCopyingSpec(enabled=True))
+    with pytest.raises(ValueError, match="min_steps"):
+        TinyModelSpec(copy_pretraining=CopyPretrainingSpec(enabled=True),
+                      code_copying=CodeCopyingSpec(enabled=True, min_steps=10, max_steps=5))
+
+
+def test_the_copy_pretrained_model_is_kept_for_the_machine_and_code_copying_keys_only_the_final_one(
+        tmp_path, monkeypatch):
+    import lego.engine.code_copying as code_module
+    import lego.engine.copy_pretraining as copy_module
+
+    monkeypatch.setattr(checkpoint, "copy_pretrained_cache", lambda fingerprint: tmp_path / "machine" / fingerprint)
+    monkeypatch.setattr(code_module, "standard_library_files", lambda root=None: _small_corpus())
+    calls: list[int] = []
+
+    def pretend(model, settings, seed, on_progress=None):  # a test double beside the real run (test_copy_pretraining)
+        calls.append(seed)
+        return {"copy_accuracy_long": 0.9}
+
+    monkeypatch.setattr(copy_module, "pretrain_copying", pretend)
+    copied = TinyModelSpec(**TINY, copy_pretraining=CopyPretrainingSpec(enabled=True))
+    # before code copying existed, this was the copy-pretrained checkpoint's key: those checkpoints stay valid
+    assert copy_pretrained_fingerprint(copied, 0) == tiny_model_fingerprint(copied, 0)
+    code = CodeCopyingSpec(enabled=True, min_steps=2, max_steps=3, max_length=256)
+    spec = copied.model_copy(update={"code_copying": code})
+    other = copied.model_copy(update={"code_copying": code.model_copy(update={"lr": 3e-4})})
+    assert copy_pretrained_fingerprint(spec, 0) == copy_pretrained_fingerprint(other, 0) == tiny_model_fingerprint(
+        copied, 0)
+    assert len({tiny_model_fingerprint(copied, 0), tiny_model_fingerprint(spec, 0), tiny_model_fingerprint(other, 0)}) == 3
+
+    lines: list[str] = []
+    first = init_tiny_model(spec, tmp_path / "a" / "model", seed=0, on_progress=lines.append)
+    marker = json.loads((first / MARKER).read_text())
+    assert marker["fingerprint"] == tiny_model_fingerprint(spec, 0) and marker["copy_accuracy_long"] == 0.9
+    assert marker["code_copying_steps"] == 3 and 0 <= marker["code_copying_accuracy"] <= 1
+    assert any("code copying done" in line for line in lines)
+    cached = tmp_path / "machine" / copy_pretrained_fingerprint(spec, 0)
+    assert json.loads((cached / MARKER).read_text())["fingerprint"] == copy_pretrained_fingerprint(spec, 0)
+    # another work directory, another code-copying setting: the copy pretraining is not redone
+    init_tiny_model(other, tmp_path / "b" / "model", seed=0, on_progress=lines.append)
+    assert calls == [0] and any(str(cached) in line for line in lines)
+    init_tiny_model(spec, tmp_path / "a" / "model", seed=0)  # its own marker matches: nothing runs
+    assert calls == [0]
