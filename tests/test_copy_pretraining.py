@@ -11,6 +11,7 @@ import torch
 
 from lego.cache import content_hash
 from lego.config import CopyPretrainingSpec, TinyModelSpec
+from lego.engine import checkpoint
 from lego.engine.checkpoint import MARKER, init_tiny_model, tiny_model_fingerprint
 from lego.engine.copy_pretraining import CopyPretrainingError, CopyRows, copy_loss, long_row_length
 
@@ -83,6 +84,8 @@ def test_the_cache_key_covers_copy_pretraining_only_when_it_runs(tmp_path, monke
         return {"copy_accuracy_long": 0.9}
 
     monkeypatch.setattr(module, "pretrain_copying", pretend)
+    # the copy-pretrained checkpoint is kept for the machine: here, for this test only
+    monkeypatch.setattr(checkpoint, "copy_pretrained_cache", lambda fingerprint: tmp_path / "machine" / fingerprint)
     path = init_tiny_model(on, tmp_path / "model", seed=0)
     marker = json.loads((path / MARKER).read_text())
     assert marker["fingerprint"] == tiny_model_fingerprint(on, 0) and marker["copy_accuracy_long"] == 0.9

@@ -85,10 +85,17 @@ def _holder_alive(pid: int, started: str | None) -> bool:
     return not (started and now and started != now)
 
 
+# The read timeout of the client a ping returns: creating or starting a container on a loaded machine can take far
+# longer than answering a ping, and a call cut short there is graded an infra error.
+API_TIMEOUT = 300.0
+
+
 def ping(base_url: str, timeout: float = 5.0) -> docker.DockerClient | None:
+    """A client of the engine at `base_url` when it answers a ping within `timeout`, for calls of up to API_TIMEOUT."""
     try:
         client = docker.DockerClient(base_url=base_url, timeout=timeout)
         client.ping()
+        client.api.timeout = API_TIMEOUT
         return client
     except (DockerException, OSError, Exception):  # the SDK raises several unrelated types
         return None
