@@ -290,6 +290,9 @@ class EvalConfig(Section):
     splits: list[Literal["eval", "train"]] = Field(default_factory=lambda: ["eval"], min_length=1)
     at_start: bool = False  # also evaluate the policy RL starts from (after the warm start): stage `baseline`
     samples_per_task: int = Field(1, ge=1)
+    # Attempts per task on one split, where it differs from samples_per_task: a small held-out split needs more
+    # attempts for its rate to tell a change from noise.
+    samples_per_split: dict[Literal["eval", "train"], int] = Field(default_factory=dict)
     confidence: float = Field(0.95, gt=0, lt=1)
     limit: int | None = Field(None, ge=1)  # evaluation tasks (None: the whole eval split)
     # The sampling temperature of evaluation attempts (None: sampling.temperature, the one RL samples at).
@@ -297,6 +300,15 @@ class EvalConfig(Section):
     # The least share of planned attempts that must be graded (not lost to infra failures) for a resolved
     # rate to be reported: below it the evaluation says it fell short instead of printing a number.
     min_coverage: float = Field(0.9, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _samples_are_positive(self) -> EvalConfig:
+        if any(samples < 1 for samples in self.samples_per_split.values()):
+            raise ValueError("eval.samples_per_split: every split needs at least 1 attempt per task")
+        return self
+
+    def samples_for(self, split: str) -> int:
+        return self.samples_per_split.get(split, self.samples_per_task)
 
 
 class RayPlacement(Section):

@@ -729,8 +729,9 @@ def eval_command(
     split: Annotated[str | None, typer.Option(help="train | eval | all (default: tasks.eval_split).")] = None,
     limit: Annotated[int | None, typer.Option(help="The first N tasks of the split (default: eval.limit).",
                                               min=1)] = None,
-    samples: Annotated[int | None, typer.Option(help="Attempts per task (default: eval.samples_per_task).",
-                                                min=1)] = None,
+    samples: Annotated[int | None, typer.Option(
+        help="Attempts per task (default: the split's eval.samples_per_split, else eval.samples_per_task).",
+        min=1)] = None,
     fresh: Annotated[bool, typer.Option(help="Attempt everything anew instead of resuming the attempts stored by "
                                              "an earlier identical evaluation.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the evaluation as JSON on stdout.")] = False,
@@ -769,6 +770,7 @@ def eval_command(
         ctx = StageContext(config=cfg, work=work, run_id=eval_id, runner=load_runner(cfg.pipeline.runner),
                            log=console.print, progress=progress)
         try:
+            samples = samples or cfg.eval.samples_for(split or cfg.tasks.eval_split)
             evaluation, keys = run_eval(ctx, tasks, chosen, harnesses, samples=samples, fresh=fresh)
         finally:
             progress.close()

@@ -29,7 +29,7 @@ def finished_run(tmp_path_factory, tiny_model_path):
     command = [sys.executable, "-m", "lego_cli", "run", "-c", "test", f"project.work_dir={work}",
                "pipeline.runner=pipeline_doubles:DoubleRunner", "tasks.limit=2", "eval.limit=1",
                "rollout.samples_per_task=2", "eval.splits=[train,eval]", "eval.samples_per_task=2",
-               f"model.path={tiny_model_path}"]
+               "eval.samples_per_split={eval: 3}", f"model.path={tiny_model_path}"]
     env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}  # the ephemeral API, as a user
     env["PYTHONPATH"] = f"{TESTS_DIR}:{REPO_ROOT}"
     done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
@@ -69,6 +69,17 @@ def test_the_log_ends_as_stdout_does(finished_run):
     done, log, _ = finished_run
     summary = done.stdout[done.stdout.index("\nrun run-"):].strip().splitlines()
     assert log.strip().splitlines()[-len(summary):] == summary
+
+
+def test_each_split_is_attempted_as_often_as_its_samples_say(finished_run):
+    from lego.pipeline.manifest import latest_run_id, load_manifest
+    from lego.workdir import WorkDir
+
+    work = WorkDir.create(finished_run[2])
+    metrics = load_manifest(work, latest_run_id(work)).stages["evaluate/0"].metrics
+    # eval.samples_per_split gives the held-out split (1 task) 3 attempts; the train split (2 tasks) keeps 2 each
+    assert metrics["attempts"] + metrics.get("infra_errors", 0) == 3
+    assert metrics["train.attempts"] + metrics.get("train.infra_errors", 0) == 4
 
 
 def test_plain_strips_escapes_and_carriage_returns():

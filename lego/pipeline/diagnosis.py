@@ -466,7 +466,6 @@ class _Checks:
 
     def eval_coverage_short(self) -> None:
         taskset = self.manifest.stages.get("taskset")
-        samples = self.config.eval.samples_per_task
         short = []
         ids: list[str] = []
         for label, result in self.manifest.stages.items():
@@ -479,7 +478,7 @@ class _Checks:
                     continue
                 tasks = _number(taskset.metrics.get(task_metric)) if taskset is not None else None
                 tasks = tasks if tasks is not None else _number(result.metrics.get(f"{prefix}tasks")) or 0.0
-                planned = tasks * samples
+                planned = tasks * self.config.eval.samples_for(split)
                 if planned and graded < EVAL_COVERAGE_MIN * planned:
                     infra = _outcome_ids(self.catalog, result.data.get(data_key, ""), None, None, "infra_error")
                     ids += [row["rollout_id"] for row in infra]
@@ -502,10 +501,11 @@ class _Checks:
         self.add("eval_coverage_short", "warning", "environment",
                  "; ".join(parts) + ": the resolved rates rest on fewer attempts than planned",
                  {"short": short, "missing": missing, "threshold": EVAL_COVERAGE_MIN,
-                  "samples_per_task": samples, "rollout_ids": ids[:MAX_IDS]},
+                  "samples_per_task": {split: self.config.eval.samples_for(split) for split in ("eval", "train")},
+                  "rollout_ids": ids[:MAX_IDS]},
                  ["the infra errors of the evaluation's rollouts (rollout_ids; `lego data show`)",
                   "tasks whose environment fails to build (`lego tasks validate`)",
-                  "eval.samples_per_task and eval.limit against the eval split's size",
+                  "eval.samples_per_task (eval.samples_per_split) and eval.limit against the split's size",
                   "a missing evaluation: eval.every and eval.at_start, or a stage that was not rerun"])
 
     # -------------------------------------------------------------------------------- policy

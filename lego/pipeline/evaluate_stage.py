@@ -50,6 +50,6 @@ def _evaluate_split(ctx: StageContext, tasks_result: StageResult, policy: Policy
     harness = ctx.config.harness.name
     evaluation = evaluate_policy(ctx, read_tasks(tasks_result.outputs[SPLIT_TASKS[split]]), EvalPolicy.of(policy),
                                  data_run_ids={harness: data_run_id}, stage=STAGE, iteration=iteration,
-                                 label=lambda _: f"{STAGE}/{iteration} {split}")
+                                 samples=ctx.config.eval.samples_for(split), label=lambda _: f"{STAGE}/{iteration} {split}")
     result = evaluation.harnesses[harness]
     return result.report, result.outcomes
