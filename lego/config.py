@@ -171,6 +171,8 @@ class HarnessConfig(Section):
     max_turns: int = Field(8, ge=1)
     timeout_s: float = Field(300.0, gt=0)
     extra: dict[str, Any] = Field(default_factory=dict)
+    # A beside harness's heavy imports paid once per rollout worker, each rollout a fork (lego.harness.forkserver).
+    forkserver: bool = True
 
 
 class FilterConfig(Section):

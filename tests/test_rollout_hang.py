@@ -4,6 +4,8 @@ agent_timeout, with its sandbox and proxy session closed: nothing leaks, nothing
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 
 import pytest
 from rollout_helpers import bundled_task, installed, with_overrides, worker
@@ -34,7 +36,25 @@ class SilentEngine:
         self.policy_version = policy_version
 
 
-HARNESSES = ("mini-swe-agent", "claude-code")  # beside the sandbox, and inside it
+HARNESSES = ("mini-swe-agent", "claude-code")
+
+
+def _children_end(pid: int, within_s: float = 15.0) -> bool:
+    """Whether the process `pid` has no live children within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        live = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[1] == str(pid) and fields[0] != "Z":
+                live.append(stat.parent.name)
+        if not live:
+            return True
+        time.sleep(0.1)
+    return False  # beside the sandbox, and inside it
 
 
 def test_hanging_harnesses_time_out_and_leak_nothing(lego_config, work_dir, docker_engine, base_image):
@@ -55,6 +75,9 @@ def test_hanging_harnesses_time_out_and_leak_nothing(lego_config, work_dir, dock
                           harness) as (adapter, res):
             trajectory = await run_rollout(task, adapter, resources=res, config=config[harness],
                                            rollout_id=f"hang-{harness}")
+            if harness == "mini-swe-agent":  # a fork of the worker's forkserver: killed with its client
+                assert res.forkserver is not None
+                assert await asyncio.to_thread(_children_end, res.forkserver.process.pid), "the harness outlived it"
             return trajectory, dict(res.proxy._sessions)
 
     async def both():

@@ -17,7 +17,7 @@ from lego.bench import register
 from lego.config import LegoConfig
 from lego.workdir import WorkDir
 
-ROLLOUTS_PER_HARNESS = 2
+ROLLOUTS_PER_HARNESS = 4  # one worker's, one after another (its start counts once, as in a rollout stage)
 # A comma-separated subset of the harnesses to run (all installed ones when unset). The scorer keeps the full
 # log-softmax of each prompt in memory: Claude Code's ~25k-token prompt needs ~30 GB, more than a small machine has.
 
@@ -31,23 +31,25 @@ async def _bench_harness(name: str, config: LegoConfig, work: WorkDir, engine_in
     from lego.rollout.resources import rollout_resources
 
     rows = []
-    wall_start = time.monotonic()
-    for index in range(ROLLOUTS_PER_HARNESS):
-        engine = ScriptedEngine(scorer, tokenizer, get_harness(name).gold_replies(gold_command(task)))
-        async with rollout_resources(config, work, engine, harness=name, docker_client=engine_info.client,
-                                     docker_host=engine_info.base_url, base_image=base_image) as (adapter, resources):
+    wall_start = time.monotonic()  # the worker's start (its proxy, its harness's forkserver) counts
+    replies = get_harness(name).gold_replies(gold_command(task))
+    async with rollout_resources(config, work, scorer, harness=name, docker_client=engine_info.client,
+                                 docker_host=engine_info.base_url, base_image=base_image) as (adapter, resources):
+        resources.engine_for = lambda _task: ScriptedEngine(scorer, tokenizer, replies)
+        for index in range(ROLLOUTS_PER_HARNESS):
             trajectory = await run_rollout(task, adapter, resources=resources, config=config,
                                            rollout_id=f"bench-{name}-{index}")
-        clock = time.monotonic()
-        outcome = await asyncio.to_thread(verifier.verify, task, trajectory)
-        rows.append({**trajectory.timings, "verify_s": time.monotonic() - clock, "outcome": outcome.kind.value,
-                     "termination": trajectory.termination.value})
+            clock = time.monotonic()
+            outcome = await asyncio.to_thread(verifier.verify, task, trajectory)
+            rows.append({**trajectory.timings, "verify_s": time.monotonic() - clock,
+                         "outcome": outcome.kind.value, "termination": trajectory.termination.value})
     wall = time.monotonic() - wall_start
     parts = {key: sum(row.get(key, 0.0) for row in rows)
              for key in ("sandbox_setup_s", "harness_start_s", "model_s", "verify_s")}
     return {
         "rollouts": len(rows), "wall_s": round(wall, 2),
         "rollouts_per_hour": round(3600 * len(rows) / wall, 1),
+        "forkserver": config.harness.forkserver and bool(get_harness(name).spec.preload),
         "share_of_wall": {key.removesuffix("_s"): round(value / wall, 3) for key, value in parts.items()},
         "outcomes": [row["outcome"] for row in rows], "terminations": [row["termination"] for row in rows],
     }

@@ -56,6 +56,21 @@ class HarnessSpec:
     # Calls per run outside the main thread (title generation, a forced final summary): the turn guard allows them.
     side_calls: int = 0
     optional: bool = False  # slow or heavy to install: `lego setup` may leave it out
+    # A `beside` harness's third-party modules a rollout worker imports once (lego.harness.forkserver): each rollout's
+    # harness is then a fork that skips them. Only modules whose import reads nothing a rollout sets.
+    preload: tuple[str, ...] = ()
+
+
+class ForkserverCommand(Protocol):
+    def command(self, script: Path, *args: str | Path) -> str:
+        """The shell command that runs `script args...` in the harness venv's Python, as a fork of the server."""
+        ...
+
+
+# What every beside harness's environment has: litellm must not fetch its cost map, and the proxy session on the
+# loopback must not go through a proxy. A forkserver preloads under it too.
+BESIDE_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_PROXY": "127.0.0.1,localhost",
+              "no_proxy": "127.0.0.1,localhost"}
 
 
 @dataclass
@@ -76,6 +91,7 @@ class HarnessContext:
     exec_timeout_s: float = 120.0
     sandbox_user: str = AGENT_USER  # "uid:gid" every command of a beside harness must run as in the container
     extra: dict = field(default_factory=dict)  # HarnessConfig.extra
+    forkserver: ForkserverCommand | None = None  # the worker's (spec.preload); None: a cold start
 
     @property
     def openai_base_url(self) -> str:
@@ -271,18 +287,20 @@ def sandbox_launch(context: HarnessContext, command: str, env: dict[str, str], t
 def beside_launch(context: HarnessContext, runner: Path, name: str, settings: dict, env: dict[str, str],
                   transcript: Path, make_dirs: tuple[str, ...] = ()) -> HarnessLaunch:
     """How a Python harness starts beside the sandbox: its `runner`, in the install's venv, reads a JSON spec
-    naming the task, the container (acted on as the sandbox user) and the proxy session, with its own `settings`.
-    litellm must not fetch its cost map, and the proxy session on the loopback must not go through a proxy."""
+    naming the task, the container (acted on as the sandbox user) and the proxy session, with its own `settings`;
+    forked from the worker's forkserver when there is one."""
     import json
     import shlex
 
     spec_path = context.scratch / f"{name}-spec.json"
     spec = {"task": context.prompt, "container_id": context.container_id, "workdir": context.workdir,
             "api_base": context.openai_base_url, "model": MODEL_NAME, "user": context.sandbox_user, **settings}
-    env = {"DOCKER_HOST": context.docker_host, **env, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
-    python = context.install_dir / "venv" / "bin" / "python"
-    command = "exec " + " ".join(shlex.quote(str(part)) for part in (python, runner, spec_path))
+    env = {"DOCKER_HOST": context.docker_host, **env, **BESIDE_ENV}
+    if context.forkserver is not None:
+        command = context.forkserver.command(runner, spec_path)
+    else:
+        python = context.install_dir / "venv" / "bin" / "python"
+        command = "exec " + " ".join(shlex.quote(str(part)) for part in (python, runner, spec_path))
     if make_dirs:
         command = f"mkdir -p {' '.join(shlex.quote(path) for path in make_dirs)} && {command}"
     return HarnessLaunch(command=command, env=env, files={str(spec_path): json.dumps(spec).encode()},

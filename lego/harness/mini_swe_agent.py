@@ -40,6 +40,7 @@ class MiniSweAgent:
         prompt_via="the task text in a JSON spec file, passed to DefaultAgent.run(task)",
         ends_by=("exit", "max_turns", "time_limit"),
         transcript="mini's trajectory JSON (agent output_path) in the rollout's host scratch dir",
+        preload=("litellm", "docker", "yaml"),  # LiteLLM: ~3 s of CPU per import; read env: BESIDE_ENV only
     )
 
     def launch(self, context: base.HarnessContext) -> base.HarnessLaunch:

@@ -107,7 +107,8 @@ async def _attempt(task: Task, adapter: HarnessAdapter, resources: RolloutResour
             runtime_dir=MOUNT_POINT if in_sandbox else str(resources.install_dir),
             workdir=task.environment.workdir, max_turns=config.harness.max_turns, timeout_s=config.harness.timeout_s,
             scratch=scratch, container_id=sandbox.sandbox_id, docker_host=resources.docker_host,
-            exec_timeout_s=config.sandbox.exec_timeout_s, extra=dict(config.harness.extra))
+            exec_timeout_s=config.sandbox.exec_timeout_s, extra=dict(config.harness.extra),
+            forkserver=resources.forkserver)
         await _check_running(sandbox, f"before {spec.name} started")  # no harness start spent on a dead one
         launch = adapter.launch(context)
         if in_sandbox:

@@ -13,7 +13,8 @@ from pathlib import Path
 import docker
 
 from lego.config import LegoConfig
-from lego.harness.base import HarnessAdapter, get_harness
+from lego.harness.base import BESIDE_ENV, HarnessAdapter, get_harness
+from lego.harness.forkserver import Forkserver, start_forkserver
 from lego.harness.install import ensure_installed
 from lego.proxy.server import ProxyServer
 from lego.sandbox import SandboxFactory
@@ -30,6 +31,7 @@ class RolloutResources:
     # The engine that answers a task's session; None: the proxy's (the policy). A scripted policy (the warm
     # start's gold solutions) answers each task with replies of its own.
     engine_for: Callable[[Task], object] | None = None
+    forkserver: Forkserver | None = None  # a beside harness's preloaded imports, forked per rollout
 
 
 @contextlib.asynccontextmanager
@@ -66,5 +68,11 @@ async def rollout_resources(config: LegoConfig, work, engine, *, harness: str | 
             factory = DockerSandboxFactory(docker_client, config.sandbox, base_image=base_image,
                                            proxy_channel=config.docker.proxy_channel,
                                            files_channel=config.docker.files_channel)
+        forkserver = None
+        if adapter.spec.runs == "beside" and adapter.spec.preload and config.harness.forkserver:
+            # started from this (the loop's) thread, which outlives the rollouts: it ends with it
+            forkserver = start_forkserver(install / "venv" / "bin" / "python", adapter.spec.preload,
+                                          {"DOCKER_HOST": docker_host, **BESIDE_ENV})
+            stack.callback(forkserver.stop)
         yield adapter, RolloutResources(proxy=proxy, factory=factory, docker_host=docker_host, install_dir=install,
-                                        artifacts_dir=Path(work.artifacts) / "transcripts")
+                                        artifacts_dir=Path(work.artifacts) / "transcripts", forkserver=forkserver)
