@@ -111,3 +111,36 @@ def test_a_lost_server_means_a_cold_start(server, tmp_path):
 def test_a_server_that_cannot_preload_says_what_to_do():
     with pytest.raises(ForkserverError, match="(?s)exited with 1.*no_such_module_here.*harness.forkserver: false"):
         start_forkserver(Path(sys.executable), ("no_such_module_here",), {})
+
+
+def test_a_harness_ending_ends_its_client_while_a_later_one_runs_on(server, tmp_path):
+    """Every fork leaves the other clients' connections behind: a client whose harness ended is not kept waiting
+    by a harness forked after it."""
+    forkserver, _, _, _ = server
+    release, first_started, later_started = tmp_path / "release", tmp_path / "first", tmp_path / "later"
+    waits = tmp_path / "waits.py"
+    waits.write_text(f"import os, time\nopen({str(first_started)!r}, 'w').write('x')\n"
+                     f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n")
+    hangs = tmp_path / "hangs.py"
+    hangs.write_text(f"import time\nopen({str(later_started)!r}, 'w').write('x')\ntime.sleep(600)\n")
+    first = subprocess.Popen(["bash", "-c", forkserver.command(waits)], cwd=tmp_path, start_new_session=True)
+    later = None
+    try:
+        _wait_for(first_started)
+        later = subprocess.Popen(["bash", "-c", forkserver.command(hangs)], cwd=tmp_path, start_new_session=True)
+        _wait_for(later_started)
+        release.write_text("go")
+        assert first.wait(60) == 0
+        assert later.poll() is None
+    finally:
+        for client in (first, later):
+            if client is not None and client.poll() is None:
+                os.killpg(client.pid, 9)
+                client.wait(10)
+
+
+def _wait_for(path: Path, within_s: float = 30.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never started"
+        time.sleep(0.05)

@@ -54,12 +54,12 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
-def _child(request: dict, fds: list[int], listener: socket.socket, conn: socket.socket) -> None:
+def _child(request: dict, fds: list[int], server_sockets: list[socket.socket]) -> None:
     """In the forked child: become the harness process the client would have started, and never return."""
     code = 1
     try:
-        listener.close()
-        conn.close()
+        for held in server_sockets:  # another client's connection held here would keep that client waiting
+            held.close()
         os.setsid()
         _die_with_server()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -122,7 +122,7 @@ def serve(path: str, modules: list[str]) -> None:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _child(request, fds, listener, conn)
+                    _child(request, fds, [listener, conn, *children.values()])
                 for fd in fds:
                     os.close(fd)
                 children[pid] = conn
@@ -165,9 +165,9 @@ def run(path: str, argv: list[str]) -> int:
     request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode() + b"\n"
     conn.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
     reply = b""
-    while chunk := conn.recv(64):
+    while not reply.endswith(b"\n") and (chunk := conn.recv(64)):
         reply += chunk
-    if not reply.startswith(EXIT_PREFIX):
+    if not reply.startswith(EXIT_PREFIX) or not reply.endswith(b"\n"):
         print("lego forkserver: the server ended before the harness did", file=sys.stderr, flush=True)
         return 1
     code = int(reply[len(EXIT_PREFIX):].strip())
