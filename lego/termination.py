@@ -24,6 +24,7 @@ T = TypeVar("T")
 
 STOP = threading.Event()  # set once the process was asked to stop (SIGTERM); never cleared
 _POLL_S = 0.5
+_WIND_DOWN_S = 120.0  # how long a stop waits for cancelled attempts to clean up
 
 
 class Terminated(KeyboardInterrupt):
@@ -56,6 +57,18 @@ def stop_on_sigterm() -> None:
 _keep: list[socket.socket] = []
 
 
+async def _wind_down() -> None:
+    """Wait for every cancelled task to finish its cleanup. A gather cancelled with its attempts ends once the first
+    attempt has unwound; asyncio.run would then cancel the others' cleanups (their shielded sandbox closes) a second
+    time. Tasks nobody cancelled are left to asyncio.run."""
+    current, deadline = asyncio.current_task(), asyncio.get_running_loop().time() + _WIND_DOWN_S
+    while winding := [task for task in asyncio.all_tasks() if task is not current and task.cancelling()]:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:  # a cleanup that swallowed its cancellation: asyncio.run cancels it again
+            return
+        await asyncio.wait(winding, timeout=left)
+
+
 def run_until_terminated(coroutine: Coroutine[Any, Any, T], stop: threading.Event = STOP) -> T:
     """asyncio.run(coroutine), cancelled as a whole once `stop` is set; then Terminated is raised."""
     if stop.is_set():
@@ -68,7 +81,8 @@ def run_until_terminated(coroutine: Coroutine[Any, Any, T], stop: threading.Even
             await asyncio.wait({work}, timeout=_POLL_S)
             if stop.is_set() and not work.done():
                 work.cancel("SIGTERM")
-                await asyncio.gather(work, return_exceptions=True)  # let every attempt's cleanup run
+                await asyncio.gather(work, return_exceptions=True)
+                await _wind_down()
                 raise Terminated("stopped by SIGTERM")
         return work.result()
 

@@ -28,8 +28,12 @@ async def _batch(started: threading.Event, closed: list[int], attempts: int = 3)
             if len(running) == attempts:  # the stop comes once every attempt holds something to clean up
                 started.set()
             await asyncio.sleep(300)
-        finally:  # an attempt's cleanup: the sandbox is closed in a thread, shielded from the cancellation
-            await asyncio.shield(asyncio.to_thread(closed.append, index))
+        finally:  # an attempt's cleanup, shielded from the cancellation; the attempts take different times
+            await asyncio.shield(close(index))
+
+    async def close(index: int) -> None:  # as a sandbox closes: a wait on the engine, then a call in a thread
+        await asyncio.sleep(0.2 * index)
+        await asyncio.to_thread(closed.append, index)
 
     async def all_attempts() -> str:
         await asyncio.gather(*(attempt(i) for i in range(attempts)))
@@ -39,6 +43,8 @@ async def _batch(started: threading.Event, closed: list[int], attempts: int = 3)
 
 
 def test_a_stop_cancels_the_batch_in_a_worker_thread_after_every_attempt_cleaned_up():
+    """A gather cancelled with its attempts ends once the first of them has unwound; the others' cleanups must
+    still run to their end, not be cancelled a second time when the event loop closes."""
     stop, started, closed, raised = threading.Event(), threading.Event(), [], []
 
     def worker() -> None:
