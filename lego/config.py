@@ -93,6 +93,9 @@ class TinyModelSpec(Section):
     moe_intermediate_size: int = Field(128, ge=8)
     intermediate_size: int = Field(256, ge=8)
     max_position_embeddings: int = Field(32768, ge=512)
+    # The initial weights' seed; unset: project.seed. A bench's seeds can share one pretrained base this way (made
+    # once, like a hub checkpoint, but by the same command) and differ in the warm start and RL.
+    seed: int | None = None
     copy_pretraining: CopyPretrainingSpec = Field(default_factory=CopyPretrainingSpec)
     code_copying: CodeCopyingSpec = Field(default_factory=CodeCopyingSpec)
 

@@ -112,3 +112,36 @@ def test_the_copy_pretrained_model_is_kept_for_the_machine_and_code_copying_keys
     assert calls == [0] and any(str(cached) in line for line in lines)
     init_tiny_model(spec, tmp_path / "a" / "model", seed=0)  # its own marker matches: nothing runs
     assert calls == [0]
+    # another work directory, the same spec: the code-copied weights come from the machine's copy, not from training
+    lines.clear()
+    third = init_tiny_model(spec, tmp_path / "c" / "model", seed=0, on_progress=lines.append)
+    assert calls == [0] and any("code copying: cached" in line for line in lines)
+    assert json.loads((third / MARKER).read_text()) == marker
+
+
+def test_a_base_shared_by_the_seeds_of_a_bench_is_made_once(tmp_path, monkeypatch):
+    """model.init.seed fixes the initial weights whatever project.seed is: a bench's seeds differ in the warm start
+    and RL, and the hour of pretraining runs once."""
+    import lego.engine.code_copying as code_module
+    import lego.engine.copy_pretraining as copy_module
+
+    monkeypatch.setattr(checkpoint, "copy_pretrained_cache", lambda fingerprint: tmp_path / "machine" / fingerprint)
+    monkeypatch.setattr(code_module, "standard_library_files", lambda root=None: _small_corpus())
+    calls: list[int] = []
+
+    def pretend(model, settings, seed, on_progress=None):  # a test double beside the real run (test_copy_pretraining)
+        calls.append(seed)
+        return {"copy_accuracy_long": 0.9}
+
+    monkeypatch.setattr(copy_module, "pretrain_copying", pretend)
+    code = CodeCopyingSpec(enabled=True, min_steps=2, max_steps=2, max_length=256)
+    own = TinyModelSpec(**TINY, copy_pretraining=CopyPretrainingSpec(enabled=True), code_copying=code)
+    shared = own.model_copy(update={"seed": 0})
+    assert tiny_model_fingerprint(shared, 1) == tiny_model_fingerprint(shared, 2) == tiny_model_fingerprint(own, 0)
+    assert tiny_model_fingerprint(own, 1) != tiny_model_fingerprint(own, 0)
+    for project_seed in (1, 2):
+        model = init_tiny_model(shared, tmp_path / f"seed-{project_seed}" / "model", seed=project_seed)
+        assert json.loads((model / MARKER).read_text())["seed"] == 0
+    assert calls == [0]
+    weights = [(tmp_path / f"seed-{seed}" / "model" / "model.safetensors").read_bytes() for seed in (1, 2)]
+    assert weights[0] == weights[1]

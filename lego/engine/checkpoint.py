@@ -27,11 +27,17 @@ def default_model_path(config: LegoConfig, work: WorkDir) -> Path:
     return Path(config.model.path) if config.model.path else work.models / config.model.name
 
 
+def weights_seed(spec: TinyModelSpec, project_seed: int) -> int:
+    """The seed the initial weights are made with: the spec's own where it sets one, else the project's."""
+    return project_seed if spec.seed is None else spec.seed
+
+
 def copy_pretrained_fingerprint(spec: TinyModelSpec, seed: int) -> str:
     """What the weights before code copying depend on: the spec, the seed and, when it runs, copy pretraining's code."""
+    seed = weights_seed(spec, seed)
     if not spec.copy_pretraining.enabled:
-        return content_hash(spec.model_dump_json(exclude={"copy_pretraining", "code_copying"}), str(seed))
-    return content_hash(spec.model_dump_json(exclude={"code_copying"}), str(seed), copy_pretraining_source())
+        return content_hash(spec.model_dump_json(exclude={"seed", "copy_pretraining", "code_copying"}), str(seed))
+    return content_hash(spec.model_dump_json(exclude={"seed", "code_copying"}), str(seed), copy_pretraining_source())
 
 
 def tiny_model_fingerprint(spec: TinyModelSpec, seed: int) -> str:
@@ -55,32 +61,56 @@ def code_copying_source() -> str:
 
 
 def copy_pretrained_cache(fingerprint: str) -> Path:
-    """Where a copy-pretrained checkpoint is kept for the whole machine: it takes about an hour on 2 cores, and every
-    work directory (each bench seed's, each arm's) starts from it."""
+    """Where a copy-pretrained checkpoint (and, keyed by its own fingerprint, the code-copied one made from it) is
+    kept for the whole machine: they take about an hour on 2 cores, and every work directory (each bench seed's, each
+    arm's) starts from them."""
     return cache_dir("copy-pretrained") / fingerprint
 
 
 def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool = False,
                     on_progress: Callable[[str], None] | None = None) -> Path:
     """Write a random-init Qwen3-MoE checkpoint with the real Qwen3 tokenizer, copy-pretrained and trained to copy
-    code when the spec says so (`on_progress` gets their progress lines); same spec and seed, same weights."""
+    code when the spec says so (`on_progress` gets their progress lines); same spec and seed, same weights. `seed` is
+    the project's; the spec's own seed, where set, wins."""
+    seed = weights_seed(spec, seed)
     fingerprint = tiny_model_fingerprint(spec, seed)
     marker = out / MARKER
     if marker.exists() and not force:
         if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
             return out  # before importing transformers: a rerun's set-up only checks
+    code_copied = copy_pretrained_cache(fingerprint)  # the machine's copy: every work dir of a shared base reads it
+    if spec.code_copying.enabled and not force and _marks(code_copied, fingerprint):
+        (on_progress or (lambda line: None))(f"policy: code copying: cached at {code_copied}")
+        _copy_whole(code_copied, out)
+        return out
     tokenizer = load_tokenizer(ensure_tokenizer())
     if spec.copy_pretraining.enabled:
         model, measured = _copy_pretrained(spec, seed, tokenizer, force, on_progress)
     else:
         model, measured = _random_init(spec, seed, tokenizer), {}
+    marker_fields = {"fingerprint": fingerprint, "seed": seed, "spec": spec.model_dump(), "policy_version": 0}
     if spec.code_copying.enabled:
         from lego.engine.code_copying import train_code_copying
 
         measured |= train_code_copying(model, tokenizer, spec.code_copying, seed, on_progress=on_progress)
-    _save(model, tokenizer, out, {"fingerprint": fingerprint, "seed": seed, "spec": spec.model_dump(),
-                                  "policy_version": 0, **measured})
+        _save(model, tokenizer, code_copied, marker_fields | measured)
+    _save(model, tokenizer, out, marker_fields | measured)
     return out
+
+
+def _marks(directory: Path, fingerprint: str) -> bool:
+    marker = directory / MARKER
+    return marker.exists() and json.loads(marker.read_text()).get("fingerprint") == fingerprint
+
+
+def _copy_whole(source: Path, out: Path) -> None:
+    """Written whole or not at all, as _save writes."""
+    partial = out.with_name(out.name + ".partial")
+    for stale in (partial, out):
+        if stale.exists():
+            shutil.rmtree(stale)
+    shutil.copytree(source, partial)
+    partial.rename(out)
 
 
 def _random_init(spec: TinyModelSpec, seed: int, tokenizer):
@@ -117,12 +147,11 @@ def _copy_pretrained(spec: TinyModelSpec, seed: int, tokenizer, force: bool,
     """The copy-pretrained model and what its pretraining measured: from the machine's cache, else trained and kept."""
     fingerprint = copy_pretrained_fingerprint(spec, seed)
     cached = copy_pretrained_cache(fingerprint)
-    if (cached / MARKER).exists() and not force:
+    if _marks(cached, fingerprint) and not force:
+        (on_progress or (lambda line: None))(f"policy: copy pretraining: cached at {cached}")
         recorded = json.loads((cached / MARKER).read_text())
-        if recorded.get("fingerprint") == fingerprint:
-            (on_progress or (lambda line: None))(f"policy: copy pretraining: cached at {cached}")
-            measured = {key: value for key, value in recorded.items() if key.startswith("copy_")}
-            return load_model(cached, "float32").train(), measured
+        measured = {key: value for key, value in recorded.items() if key.startswith("copy_")}
+        return load_model(cached, "float32").train(), measured
     from lego.engine.copy_pretraining import pretrain_copying
 
     model = _random_init(spec, seed, tokenizer)

@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 from lego.cache import content_hash
 from lego.config import CodeCopyingSpec
-from lego.engine.copy_pretraining import CHECK_EVERY, SHORT_ROW, SHORT_ROWS, CopyRows, Progress, copy_loss
+from lego.engine.copy_pretraining import (
+    CHECK_EVERY,
+    SHORT_ROW,
+    SHORT_ROWS,
+    CopyRows,
+    Progress,
+    copy_loss,
+    plant_copies,
+)
 from lego.errors import ModelError
 
 if TYPE_CHECKING:
@@ -82,18 +90,8 @@ class CodeRows:
         rows, targets = [], []
         for row in range(count):
             start = self.rng.randint(0, len(source) - length)
-            ids = torch.tensor(source[start:start + length])
-            copies: list[tuple[int, int]] = []
-            for _ in range(spans):
-                size = self.rng.randint(8, 32)
-                first = self.rng.randint(0, length // 2 - size)
-                copy = self.rng.randint(max(first + size, length // 2), length - size)
-                if any(copy < end and begin < copy + size for begin, end in copies):
-                    continue
-                copies.append((copy, copy + size))
-                ids[copy:copy + size] = ids[first:first + size].clone()
-                targets += [(row, position) for position in range(copy + 1, copy + size)]
-            rows.append(ids)
+            rows.append(torch.tensor(source[start:start + length]))
+            targets += plant_copies(rows[-1], spans, self.rng, row)
         return torch.stack(rows), targets
 
 

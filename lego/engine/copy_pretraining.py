@@ -73,19 +73,24 @@ class CopyRows:
     def recurring_spans(self, count: int, length: int, spans: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """`count` rows of `length` random ids in which up to `spans` spans of 8 to 32 ids from the first half
         recur in the second, at any distance, no copy over another."""
-        rows, targets = self.ids((count, length)), []
-        for row in range(count):
-            copies: list[tuple[int, int]] = []
-            for _ in range(spans):
-                size = self.rng.randint(8, 32)
-                source = self.rng.randint(0, length // 2 - size)
-                copy = self.rng.randint(max(source + size, length // 2), length - size)
-                if any(copy < end and start < copy + size for start, end in copies):
-                    continue
-                copies.append((copy, copy + size))
-                rows[row, copy:copy + size] = rows[row, source:source + size].clone()
-                targets += [(row, position) for position in range(copy + 1, copy + size)]
-        return rows, targets
+        rows = self.ids((count, length))
+        return rows, [target for row in range(count) for target in plant_copies(rows[row], spans, self.rng, row)]
+
+
+def plant_copies(row: torch.Tensor, spans: int, rng: random.Random, row_index: int) -> list[tuple[int, int]]:
+    """Copy up to `spans` spans of 8 to 32 tokens from the first half of `row` into its second half, in place, at
+    any distance, no copy over another; the targets (row_index, position) are each copy's tokens after its first."""
+    length, copies, targets = len(row), [], []
+    for _ in range(spans):
+        size = rng.randint(8, 32)
+        source = rng.randint(0, length // 2 - size)
+        copy = rng.randint(max(source + size, length // 2), length - size)
+        if any(copy < end and start < copy + size for start, end in copies):
+            continue
+        copies.append((copy, copy + size))
+        row[copy:copy + size] = row[source:source + size].clone()
+        targets += [(row_index, position) for position in range(copy + 1, copy + size)]
+    return targets
 
 
 def copy_loss(model, batch: tuple[torch.Tensor, list[tuple[int, int]]],
