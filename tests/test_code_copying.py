@@ -75,8 +75,10 @@ def test_code_copying_needs_copy_pretraining():
                       code_copying=CodeCopyingSpec(enabled=True, min_steps=10, max_steps=5))
 
 
-def test_the_copy_pretrained_model_is_kept_for_the_machine_and_code_copying_keys_only_the_final_one(
-        tmp_path, monkeypatch):
+@pytest.fixture
+def pretraining_calls(tmp_path, monkeypatch) -> list[int]:
+    """Copy pretraining stands in (a test double beside the real run in test_copy_pretraining), the machine's cache
+    is under tmp_path and code copying reads a small corpus; the seeds copy pretraining was called with."""
     import lego.engine.code_copying as code_module
     import lego.engine.copy_pretraining as copy_module
 
@@ -84,11 +86,17 @@ def test_the_copy_pretrained_model_is_kept_for_the_machine_and_code_copying_keys
     monkeypatch.setattr(code_module, "standard_library_files", lambda root=None: _small_corpus())
     calls: list[int] = []
 
-    def pretend(model, settings, seed, on_progress=None):  # a test double beside the real run (test_copy_pretraining)
+    def pretend(model, settings, seed, on_progress=None):
         calls.append(seed)
         return {"copy_accuracy_long": 0.9}
 
     monkeypatch.setattr(copy_module, "pretrain_copying", pretend)
+    return calls
+
+
+def test_the_copy_pretrained_model_is_kept_for_the_machine_and_code_copying_keys_only_the_final_one(
+        tmp_path, pretraining_calls):
+    calls = pretraining_calls
     copied = TinyModelSpec(**TINY, copy_pretraining=CopyPretrainingSpec(enabled=True))
     # before code copying existed, this was the copy-pretrained checkpoint's key: those checkpoints stay valid
     assert copy_pretrained_fingerprint(copied, 0) == tiny_model_fingerprint(copied, 0)
@@ -119,21 +127,10 @@ def test_the_copy_pretrained_model_is_kept_for_the_machine_and_code_copying_keys
     assert json.loads((third / MARKER).read_text()) == marker
 
 
-def test_a_base_shared_by_the_seeds_of_a_bench_is_made_once(tmp_path, monkeypatch):
+def test_a_base_shared_by_the_seeds_of_a_bench_is_made_once(tmp_path, pretraining_calls):
     """model.init.seed fixes the initial weights whatever project.seed is: a bench's seeds differ in the warm start
     and RL, and the hour of pretraining runs once."""
-    import lego.engine.code_copying as code_module
-    import lego.engine.copy_pretraining as copy_module
-
-    monkeypatch.setattr(checkpoint, "copy_pretrained_cache", lambda fingerprint: tmp_path / "machine" / fingerprint)
-    monkeypatch.setattr(code_module, "standard_library_files", lambda root=None: _small_corpus())
-    calls: list[int] = []
-
-    def pretend(model, settings, seed, on_progress=None):  # a test double beside the real run (test_copy_pretraining)
-        calls.append(seed)
-        return {"copy_accuracy_long": 0.9}
-
-    monkeypatch.setattr(copy_module, "pretrain_copying", pretend)
+    calls = pretraining_calls
     code = CodeCopyingSpec(enabled=True, min_steps=2, max_steps=2, max_length=256)
     own = TinyModelSpec(**TINY, copy_pretraining=CopyPretrainingSpec(enabled=True), code_copying=code)
     shared = own.model_copy(update={"seed": 0})
