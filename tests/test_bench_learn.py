@@ -14,6 +14,7 @@ from run_builders import Iteration, R, U, crafted_config, grade, store_rollouts
 from lego.bench import benchmark_options
 from lego.bench import learn as bench
 from lego.config import load_config
+from lego.engine.checkpoint import tiny_model_fingerprint
 from lego.evaluate.stats import wilson_interval
 from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.dataset_stage import run_dataset_stage
@@ -40,6 +41,9 @@ def test_the_family_config_loads_and_validates():
     assert config.eval.every == config.pipeline.iterations  # evaluated before RL and after the last iteration
     assert config.sampling.max_tokens >= 204  # the longest gold reply of the family
     assert config.filter.enabled is False and config.rollout.samples_per_task >= 2
+    # every seed of the bench starts from one pretrained base: the same initial weights' key whatever project.seed
+    seeds = [load_config("family", [f"project.seed={seed}"]) for seed in (0, 1, 2)]
+    assert len({tiny_model_fingerprint(other.model.init, other.project.seed) for other in seeds}) == 1
 
 
 @pytest.mark.parametrize("arm", ARMS)
