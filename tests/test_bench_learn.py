@@ -18,7 +18,14 @@ from lego.engine.checkpoint import tiny_model_fingerprint
 from lego.evaluate.stats import wilson_interval
 from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.dataset_stage import run_dataset_stage
-from lego.pipeline.learning import before_after, bench_table, format_table, learning_curve, plot_bench
+from lego.pipeline.learning import (
+    before_after,
+    bench_table,
+    format_table,
+    learning_curve,
+    plot_bench,
+    task_clustered_interval,
+)
 from lego.pipeline.manifest import RunManifest, save_manifest
 from lego.pipeline.policy import Policy
 from lego.pipeline.train_stage import run_train_stage, training_batch
@@ -156,6 +163,52 @@ def test_the_table_has_a_row_per_arm_seed_split_and_phase_the_greedy_warm_start_
     png = plot_bench(rows, tmp_path / "arms.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
+
+
+def test_the_interval_by_task_widens_when_each_task_is_solved_in_all_its_attempts_or_none():
+    # 9 of 32 tasks solved in every one of 16 attempts: 144/512 attempts, but 32 observations
+    clustered = [(16, 16)] * 9 + [(0, 16)] * 23
+    low, high = task_clustered_interval(clustered)
+    wilson_low, wilson_high = wilson_interval(144, 512)
+    assert low < wilson_low - 0.05 and high > wilson_high + 0.05
+    assert (low, high) == pytest.approx(wilson_interval(9, 32), abs=0.01)  # about 32 observations
+    # one attempt per task: tasks are the attempts, and the interval is about Wilson's
+    one_each = task_clustered_interval([(1, 1)] * 9 + [(0, 1)] * 23)
+    assert one_each[0] <= wilson_interval(9, 32)[0] and one_each[1] >= wilson_interval(9, 32)[1]
+    assert one_each == pytest.approx(wilson_interval(9, 32), abs=0.01)
+    assert task_clustered_interval([(0, 16)] * 32) == wilson_interval(0, 32)  # no spread: each task counts once
+    assert task_clustered_interval([(3, 4)]) == (0.0, 1.0)  # one task says nothing beyond itself
+    with pytest.raises(ValueError):
+        task_clustered_interval([(5, 4), (0, 4)])
+
+
+def _outcomes(path: Path, counts: dict[str, tuple[int, int]], infra: int = 0) -> None:
+    rows = [{"task_id": task, "kind": "resolved" if n < resolved else "unresolved"}
+            for task, (resolved, attempts) in counts.items() for n in range(attempts)]
+    rows += [{"task_id": "t0", "kind": "infra_error"}] * infra
+    path.write_text(json.dumps(rows))
+
+
+def test_an_evaluation_reports_its_tasks_solved_and_the_interval_by_task(tmp_path):
+    manifest = crafted_manifest("r", before=(2, 4), after=(6, 8))
+    baseline = manifest.stages["baseline"]
+    baseline.path = str(tmp_path)
+    # 4/8 held-out: both attempts of two tasks, none of the other two; an infra failure counts nowhere
+    _outcomes(tmp_path / "outcomes.json", {"t0": (2, 2), "t1": (2, 2), "t2": (0, 2), "t3": (0, 2)}, infra=1)
+    _outcomes(tmp_path / "outcomes-train.json", {"t4": (1, 4), "t5": (1, 3)})  # 7 attempts, not the metrics' 8
+    rates = before_after(learning_curve(manifest))
+    held_out = rates["before"]["eval"]
+    assert (held_out["tasks"], held_out["tasks_solved"]) == (4, 2)
+    assert held_out["per_task"] == [[2, 2], [2, 2], [0, 2], [0, 2]]
+    assert (held_out["task_low"], held_out["task_high"]) == task_clustered_interval([(2, 2)] * 2 + [(0, 2)] * 2)
+    assert held_out["task_high"] - held_out["task_low"] > held_out["high"] - held_out["low"]
+    assert "tasks" not in rates["before"]["train"]  # outcomes that do not add up to the metrics are not used
+    assert "tasks" not in rates["after"]["eval"]  # no outcomes file: the per-attempt interval only
+    rows = bench_table([{"arm": "grpo", "seed": seed, "rates": rates} for seed in (0, 1)], [])
+    pooled = next(row for row in rows if row["seed"] == "all" and row["split"] == "eval" and row["phase"] == "before")
+    assert (pooled["tasks"], pooled["tasks_solved"]) == (8, 4)  # a seed's tasks are observations of their own
+    text = format_table(rows)
+    assert "by task" in text and "2/4" in text
 
 def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monkeypatch):
     """The loop over arms and seeds, with `lego run` and `lego eval` replaced by stand-ins that leave what they

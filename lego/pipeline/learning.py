@@ -10,12 +10,41 @@ Per policy (the warm start's, then the one after each RL iteration):
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lego.evaluate.stats import wilson_interval
+from lego.pipeline.artifacts import StageResult
 from lego.pipeline.manifest import RunManifest
 
+
+def task_clustered_interval(per_task: Sequence[tuple[int, int]], confidence: float = 0.95) -> tuple[float, float]:
+    """An interval for the pooled rate sum(resolved) / sum(attempts) of several attempts per task.
+
+    Attempts at one task share its difficulty: a task is solved in nearly all of them or in none, so they are not
+    independent trials and Wilson's interval over attempts is too narrow. This is Wilson's interval over the
+    effective number of attempts: the attempts divided by the design effect (the cluster-robust variance of the
+    rate, each task one observation, over the binomial variance). It is never narrower than Wilson's over the
+    attempts; when every task has the same rate (all 0, say) there is no spread to measure and each task counts
+    once. Fewer than two tasks say nothing beyond themselves: (0, 1).
+    """
+    tasks = [(resolved, attempts) for resolved, attempts in per_task if attempts > 0]
+    if any(not 0 <= resolved <= attempts for resolved, attempts in tasks):
+        raise ValueError(f"need 0 <= resolved <= attempts for every task, got {per_task}")
+    if len(tasks) < 2:
+        return 0.0, 1.0
+    attempts = sum(count for _, count in tasks)
+    rate = sum(count for count, _ in tasks) / attempts
+    if 0 < rate < 1:
+        clustered = len(tasks) / (len(tasks) - 1) * sum((count - rate * tried) ** 2 for count, tried in tasks)
+        design_effect = clustered / attempts**2 / (rate * (1 - rate) / attempts)
+        effective = attempts / max(design_effect, 1.0)
+    else:
+        effective = len(tasks)
+    # Wilson's formula holds for a fractional count of trials
+    return wilson_interval(rate * effective, effective, confidence)
 
 def _rate(resolved: float | None, attempts: float | None, confidence: float) -> dict[str, Any] | None:
     if resolved is None or not attempts:
@@ -25,9 +54,39 @@ def _rate(resolved: float | None, attempts: float | None, confidence: float) -> 
             "low": low, "high": high}
 
 
-def _eval_rate(metrics: dict[str, float], prefix: str, confidence: float) -> dict[str, Any] | None:
+def _per_task(path: Path) -> list[list[int]] | None:
+    """[resolved, attempts] per task from an evaluation's outcomes file (infra failures left out, as in its
+    report); None when the file is missing or unreadable."""
+    try:
+        rows = json.loads(path.read_text())
+        counts: dict[str, list[int]] = {}
+        for row in rows:
+            if row["kind"] != "infra_error":
+                count = counts.setdefault(row["task_id"], [0, 0])
+                count[0] += row["kind"] == "resolved"
+                count[1] += 1
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return [counts[task] for task in sorted(counts)]
+
+
+def _with_tasks(rate: dict[str, Any] | None, per_task: list[list[int]] | None,
+                confidence: float) -> dict[str, Any] | None:
+    """`rate` plus its tasks: how many were attempted and solved at least once, and the interval with each task as
+    one observation (`task_low`, `task_high`), the one to read a change against when attempts repeat tasks."""
+    if rate is None or not per_task or sum(attempts for _, attempts in per_task) != rate["attempts"]:
+        return rate
+    low, high = task_clustered_interval([(resolved, attempts) for resolved, attempts in per_task], confidence)
+    return {**rate, "tasks": len(per_task), "tasks_solved": sum(1 for resolved, _ in per_task if resolved),
+            "task_low": low, "task_high": high, "per_task": per_task}
+
+
+def _eval_rate(result: StageResult, split: str, confidence: float) -> dict[str, Any] | None:
     # an evaluation's `attempts` are its graded attempts: infra failures are already left out
-    return _rate(metrics.get(f"{prefix}resolved"), metrics.get(f"{prefix}attempts"), confidence)
+    prefix, suffix = ("", "") if split == "eval" else (f"{split}.", f"-{split}")
+    rate = _rate(result.metrics.get(f"{prefix}resolved"), result.metrics.get(f"{prefix}attempts"), confidence)
+    outcomes = result.outputs.get(f"eval_outcomes{suffix}") or str(result.dir / f"outcomes{suffix}.json")
+    return _with_tasks(rate, _per_task(Path(outcomes)), confidence)
 
 
 def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str, Any]:
@@ -38,8 +97,8 @@ def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str,
         return points.setdefault(index, {"policy": index})
 
     if (baseline := manifest.stages.get("baseline")) is not None:
-        point(0)["eval_split"] = _eval_rate(baseline.metrics, "", confidence)
-        point(0)["train_split_eval"] = _eval_rate(baseline.metrics, "train.", confidence)
+        point(0)["eval_split"] = _eval_rate(baseline, "eval", confidence)
+        point(0)["train_split_eval"] = _eval_rate(baseline, "train", confidence)
     if (warm := manifest.stages.get("warmstart")) is not None:
         point(0)["warmstart"] = {name: warm.metrics.get(name) for name in
                                  ("resolved_demonstrations", "demonstrations", "steps", "final_loss",
@@ -67,8 +126,8 @@ def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str,
                                                       "logprob_change_likeliest_positive")}
         elif result.stage == "evaluate":
             entry = point(index + 1)
-            entry["eval_split"] = _eval_rate(result.metrics, "", confidence)
-            entry["train_split_eval"] = _eval_rate(result.metrics, "train.", confidence)
+            entry["eval_split"] = _eval_rate(result, "eval", confidence)
+            entry["train_split_eval"] = _eval_rate(result, "train", confidence)
     seconds: dict[str, float] = {}
     for result in manifest.stages.values():
         seconds[result.stage] = round(seconds.get(result.stage, 0.0) + (0.0 if result.cached else result.seconds), 1)
@@ -158,7 +217,9 @@ def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
     def add(arm: str, seed: int | str, split: str, phase: str, rate: dict[str, Any] | None) -> None:
         if rate:
             rows.append({"arm": arm, "seed": seed, "split": split, "phase": phase,
-                         **{name: rate[name] for name in ("resolved", "attempts", "rate", "low", "high")}})
+                         **{name: rate[name] for name in ("resolved", "attempts", "rate", "low", "high", "tasks",
+                                                          "tasks_solved", "task_low", "task_high", "per_task")
+                            if name in rate}})
 
     for run in runs:
         for phase in PHASES:
@@ -167,25 +228,30 @@ def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
     for warm in warmstarts:
         for split in SPLITS:
             add("warmstart-greedy", warm["seed"], split, "before", (warm.get("greedy") or {}).get(split))
-    pooled: dict[tuple[str, str, str], list[int]] = {}
+    pooled: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
-        counts = pooled.setdefault((row["arm"], row["split"], row["phase"]), [0, 0, 0])
-        counts[0] += row["resolved"]
-        counts[1] += row["attempts"]
-        counts[2] += 1
-    for (arm, split, phase), (resolved, attempts, seeds) in pooled.items():
-        if seeds > 1:
-            add(arm, "all", split, phase, _rate(resolved, attempts, confidence))
+        pooled.setdefault((row["arm"], row["split"], row["phase"]), []).append(row)
+    for (arm, split, phase), seeds in pooled.items():
+        if len(seeds) > 1:
+            rate = _rate(sum(row["resolved"] for row in seeds), sum(row["attempts"] for row in seeds), confidence)
+            # each seed's tasks are observations of their own: a seed's policy differs
+            per_task = [count for row in seeds for count in row.get("per_task", [])] \
+                if all("per_task" in row for row in seeds) else None
+            add(arm, "all", split, phase, _with_tasks(rate, per_task, confidence))
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The table as text, one line per row, for a terminal or a note."""
-    header = f"{'arm':<18}{'seed':>5}  {'split':<6}{'phase':<8}{'resolved':>12}{'rate':>8}  interval"
+    header = (f"{'arm':<18}{'seed':>5}  {'split':<6}{'phase':<8}{'resolved':>12}{'rate':>8}  {'interval':<16}"
+              f"{'tasks solved':>13}  by task")
     lines = [header, "-" * len(header)]
     for row in rows:
+        tasks = (f"{row['tasks_solved']:>6}/{row['tasks']:<6}  [{row['task_low']:.3f}, {row['task_high']:.3f}]"
+                 if "tasks" in row else f"{'-':>7}")
         lines.append(f"{row['arm']:<18}{row['seed']!s:>5}  {row['split']:<6}{row['phase']:<8}"
-                     f"{row['resolved']:>6}/{row['attempts']:<5}{row['rate']:>8.3f}  [{row['low']:.3f}, {row['high']:.3f}]")
+                     f"{row['resolved']:>6}/{row['attempts']:<5}{row['rate']:>8.3f}  "
+                     f"[{row['low']:.3f}, {row['high']:.3f}]  {tasks}")
     return "\n".join(lines)
 
 
