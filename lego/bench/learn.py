@@ -15,8 +15,9 @@ the same rollouts sampled per iteration and the same number of optimizer steps; 
 - `success_mass`: each found success weighted by its share of the group's found success mass.
 It also evaluates each seed's warm start at greedy decoding (`lego eval`, temperature 0, one attempt per task); its
 rate at the sampling temperature is every arm's `before`. The result: a row per arm x seed x split x phase (resolved,
-attempts, rate, Wilson interval), the seeds pooled, the table as text and a plot, written under
-<work dir>/reports/bench-learn-<time>/. A benchmark, not a test: hours at full size on a small machine.
+attempts, rate, Wilson interval; tasks solved and the interval by task, as attempts at one task are not
+independent), the seeds pooled, the table as text and a plot, written under <work dir>/reports/bench-learn-<time>/.
+A benchmark, not a test: hours at full size on a small machine.
 """
 
 from __future__ import annotations
