@@ -139,6 +139,29 @@ def _owner_alive(labels: dict[str, str], host: str) -> bool:
     return labels.get("lego.host") == host and bool(owner) and _pid_alive(owner)
 
 
+def _remove_container(client: docker.DockerClient, container_id: str, wait_s: float = 60.0) -> None:
+    """Remove a container and return once it is gone. Another process (a second reaper, or its owner closing it)
+    may be removing it at the same time: the engine then answers 409 "already in progress", and this waits for
+    that removal instead of failing."""
+    try:
+        client.api.remove_container(container_id, force=True)
+        return
+    except NotFound:
+        return
+    except APIError as error:
+        if error.status_code != 409:
+            raise
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            client.api.inspect_container(container_id)
+        except NotFound:
+            return
+        time.sleep(0.2)
+    raise SandboxError(f"container {container_id[:12]} is still being removed after {wait_s:.0f} s; "
+                       "check the Docker engine (`docker ps -a`) and remove it by hand")
+
+
 def reap_stale_containers(client: docker.DockerClient) -> list[str]:
     """Remove sandboxes, and then scratch volumes, whose owner process (on this host) is gone. Returns the
     sandboxes' names."""
@@ -149,11 +172,8 @@ def reap_stale_containers(client: docker.DockerClient) -> list[str]:
     for container in client.api.containers(all=True, filters={"label": LABEL}):
         if _owner_alive(container.get("Labels") or {}, host):
             continue
-        try:
-            client.api.remove_container(container["Id"], force=True)
-            reaped.append((container.get("Names") or [container["Id"]])[0].lstrip("/"))
-        except NotFound:
-            pass
+        _remove_container(client, container["Id"])
+        reaped.append((container.get("Names") or [container["Id"]])[0].lstrip("/"))
     for volume in client.api.volumes(filters={"label": LABEL}).get("Volumes") or []:
         if not _owner_alive(volume.get("Labels") or {}, host):
             try:
