@@ -38,12 +38,14 @@ ARMS = ("sft", "rft", "grpo", "success_mass")
 
 def test_the_family_config_loads_and_validates():
     config = load_config("family")
-    assert parse_family_source(config.tasks.source) == ("constants", 0)
+    family = parse_family_source(config.tasks.source)
+    assert (family.name, family.seed) == ("constants", 0)
     # the warm start and RL see the training tasks, the held-out split is evaluated only
     assert (config.tasks.split, config.tasks.eval_split) == ("train", "eval")
     assert config.warmstart.enabled and config.eval.at_start and set(config.eval.splits) == {"train", "eval"}
     # some training tasks are demonstrated, and RL also practises others with no demonstration
-    train_tasks = sum(task.split == "train" for task in family_tasks("constants", 0))
+    train_tasks = sum(task.split == "train"
+                      for task in family_tasks(family.name, family.seed, family.train, family.held_out))
     assert config.warmstart.tasks is not None and 0 < config.warmstart.tasks < train_tasks
     assert config.eval.every == config.pipeline.iterations  # evaluated before RL and after the last iteration
     assert config.sampling.max_tokens >= 204  # the longest gold reply of the family

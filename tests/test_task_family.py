@@ -79,6 +79,14 @@ def test_load_tasks_serves_the_family_by_split_from_the_cache(family_cache, monk
         load_tasks("family:nonsense", "train")
     with pytest.raises(TaskSetError, match="integer"):
         load_tasks("family:constants:x", "train")
+    # sizes after the seed: a bigger draw of the same family, with its own held-out modules
+    sized = load_tasks("family:constants:3:12+20", "all", strict=True)
+    assert sum(t.split == "train" for t in sized.tasks) == 12 and sum(t.split == "eval" for t in sized.tasks) == 20
+    for malformed in ("family:constants:3:12", "family:constants:3:12+x", "family:constants:3:+20"):
+        with pytest.raises(TaskSetError, match=r"<train>\+<held_out>"):
+            load_tasks(malformed, "train")
+    with pytest.raises(TaskSetError, match="at most 320 tasks"):
+        load_tasks("family:constants:3:300+30", "train")
 
 
 def _named(statement: str) -> tuple[str, str, str]:

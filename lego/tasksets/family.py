@@ -22,8 +22,9 @@ Each task also carries `provenance["gold_command"]`: a shell command that makes 
 the statement names alone (`gold_command`); the warm start demonstrates it rather than the gold patch, which holds
 what no statement gives (the wrong value).
 
-Loaded by `lego.tasksets.load.load_tasks("family:constants")` (or "family:constants:SEED"); built once into the
-machine cache under a key of (name, seed, sizes, this file's source), so loading again is instant.
+Loaded by `lego.tasksets.load.load_tasks("family:constants")` (or "family:constants:SEED", or with sizes,
+"family:constants:SEED:TRAIN+HELD_OUT"); built once into the machine cache under a key of (name, seed, sizes, this
+file's source), so loading again is instant.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ PRISTINE_DATE = "2024-01-01T00:00:00+00:00"
 HELD_OUT_DATE = "2024-01-01T12:00:00+00:00"
 BUG_DATE = "2024-01-02T00:00:00+00:00"
 REPOS_SUBDIR = "repos"
+DEFAULT_TRAIN = 64  # the issue's "at least 64 training tasks and 32 held-out tasks"
+DEFAULT_HELD_OUT = 32
 
 # A module per task: as many names as the family can have tasks. Common words of an application's parts, so that
 # their tokens are ordinary ones (a file name of one to three tokens).
@@ -64,11 +67,28 @@ _MODULES = tuple("""
     webcam headset stylus console gamepad joystick remote lamp thermostat doorbell meter valve pump motor engine
     brake clutch pedal wheel mirror radio compiler parser lexer linker loader kernel driver shell editor terminal
     browser crawler indexer ranker tagger planner tracker notifier importer archiver resizer encoder decoder mixer
-    player recorder streamer""".split())
+    player recorder streamer
+    account address agenda album anchor archive atlas badge basket beacon binder blender blog bookmark bridge
+    broker bucket budget builder bundle button cabinet canvas carousel cart cashier channel chart chat checker
+    cipher clock cluster coach collector column compass composer counter courier crane credit cursor dashboard
+    dealer debugger deck desk diary digest dispatcher dock domain drawer dryer elevator emailer emitter
+    escrow event faucet fence folder font forecast fountain freezer funnel furnace gallery garage garden
+    gauge glossary grader graph grid guard handler harbor heater helmet hub icon inbox journal kettle kiosk
+    label ladder launcher layout lens library locker lottery mailbox manifest marker market matcher menu
+    message mill minter modal mosaic notebook oven packer palette panel parcel passport patcher pager payroll
+    pencil picker pipeline pixel planter playlist pointer portal poster presenter prompt puzzle quiz ranch
+    reader receipt registry relay renderer resolver review ribbon robot rocket sandbox satellite scale schema
+    screen scroll seeker selector sender server signal slider snapshot socket solver sorter spinner splitter
+    sprite stadium stamp station sticker stove studio switch syncer table tape teller template ticker timer
+    toaster toolbar tooltip tower trader trailer translator tunnel tutor uploader validator viewer voter
+    wagon watcher weather wizard writer zipper""".split())
 _QUALIFIERS = ("default", "max", "min", "base", "initial", "fallback", "target", "peak", "idle", "spare", "grace",
-               "burst", "soft", "hard", "extra", "local")
+               "burst", "soft", "hard", "extra", "local", "upper", "lower", "nominal", "reserve", "warm", "cold",
+               "early", "late", "daily", "weekly", "primary", "secondary", "mean", "total", "safe", "quick")
 _NOUNS = ("timeout", "retries", "port", "width", "height", "batch", "depth", "ratio", "limit", "threshold",
-          "interval", "workers", "buffer", "quota", "window", "delay", "size", "count", "offset", "margin")
+          "interval", "workers", "buffer", "quota", "window", "delay", "size", "count", "offset", "margin",
+          "capacity", "rate", "step", "scale", "level", "span", "gap", "weight", "priority", "cutoff")
+_VALUES = range(2, 1000)  # every function's right value is its own
 # What a function does with its constant: (signature, body, test call, expected). The statement gives the right
 # body, so the fix is the statement's line in the statement's function of the statement's file.
 _KINDS = {
@@ -115,17 +135,18 @@ def _plan(seed: int, train: int, held_out: int) -> FamilyPlan:
     names = [f"{q}_{n}" for q in _QUALIFIERS for n in _NOUNS]
     n_modules = train + held_out
     n_functions = n_modules * FUNCTIONS_PER_MODULE
-    if n_modules > len(_MODULES) or n_functions > len(names):
-        most = min(len(_MODULES), len(names) // FUNCTIONS_PER_MODULE)
+    values_left = len(_VALUES) - 1  # at least one value no function has, for the planted bugs
+    if n_modules > len(_MODULES) or n_functions > min(len(names), values_left):
+        most = min(len(_MODULES), min(len(names), values_left) // FUNCTIONS_PER_MODULE)
         raise TaskSetError(f"family:constants has at most {most} tasks in all (asked for {train} training and "
                            f"{held_out} held-out); ask for fewer")
     modules = rng.sample(_MODULES, n_modules)
     names = rng.sample(names, n_functions)
-    values = rng.sample(range(2, 1000), n_functions)
+    values = rng.sample(_VALUES, n_functions)
     kinds = sorted(_KINDS)
     functions = [FamilyFunction(module=modules[i // FUNCTIONS_PER_MODULE], name=names[i], kind=rng.choice(kinds),
                                 value=values[i]) for i in range(n_functions)]
-    unused = sorted(set(range(2, 1000)) - set(values))  # a wrong value is no function's right one
+    unused = sorted(set(_VALUES) - set(values))  # a wrong value is no function's right one
     tasks = []
     for index, module in enumerate(modules):
         target = rng.choice([f for f in functions if f.module == module])
@@ -275,20 +296,40 @@ FAMILIES = {"constants": _build_constants}
 # ---------------------------------------------------------------- entry points
 
 
-def parse_family_source(source: str) -> tuple[str, int]:
-    """`family:<name>[:<seed>]` -> (name, seed); the seed defaults to 0."""
-    name, _, seed = source.removeprefix("family:").partition(":")
+class FamilySource(BaseModel):
+    """A parsed `family:<name>[:<seed>[:<train>+<held_out>]]` source: which family, which draw of it, how big."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    seed: int = 0
+    train: int = DEFAULT_TRAIN
+    held_out: int = DEFAULT_HELD_OUT
+
+
+def parse_family_source(source: str) -> FamilySource:
+    """`family:<name>[:<seed>[:<train>+<held_out>]]`: the seed defaults to 0 and the sizes to 64 training and 32
+    held-out tasks (`family:constants:0:160+96` is seed 0 with 160 and 96)."""
+    example = "family:constants, family:constants:1 or family:constants:1:160+96"
+    name, _, rest = source.removeprefix("family:").partition(":")
     if name not in FAMILIES:
         raise TaskSetError(f"unknown task family {name!r} in {source!r}; the known families are "
-                           f"{', '.join(f'family:{known}' for known in FAMILIES)} (optionally with a seed: "
-                           "family:constants:1)")
+                           f"{', '.join(f'family:{known}' for known in FAMILIES)} (with an optional seed and sizes: "
+                           f"{example})")
+    seed, _, sizes = rest.partition(":")
     if seed and not seed.lstrip("-").isdigit():
-        raise TaskSetError(f"task family source {source!r}: the seed after the name must be an integer "
-                           "(family:constants:1)")
-    return name, int(seed or 0)
+        raise TaskSetError(f"task family source {source!r}: the seed after the name must be an integer ({example})")
+    train, plus, held_out = sizes.partition("+")
+    if sizes and not (plus and train.isdigit() and held_out.isdigit()):
+        raise TaskSetError(f"task family source {source!r}: the sizes after the seed are <train>+<held_out>, two "
+                           f"whole numbers ({example})")
+    if not sizes:
+        return FamilySource(name=name, seed=int(seed or 0))
+    return FamilySource(name=name, seed=int(seed or 0), train=int(train), held_out=int(held_out))
 
 
-def family_dir(name: str, seed: int = 0, train: int = 64, held_out: int = 32, root: Path | None = None) -> Path:
+def family_dir(name: str, seed: int = 0, train: int = DEFAULT_TRAIN, held_out: int = DEFAULT_HELD_OUT,
+               root: Path | None = None) -> Path:
     """The directory holding the family's tasks.jsonl and bundle, built on first use; `root` defaults to the
     machine cache, where it is keyed by (name, seed, sizes, this generator's source), so a changed generator
     never serves stale tasks."""
@@ -315,7 +356,8 @@ def family_dir(name: str, seed: int = 0, train: int = 64, held_out: int = 32, ro
     return out
 
 
-def family_tasks(name: str, seed: int, train: int = 64, held_out: int = 32, root: Path | None = None) -> list[Task]:
+def family_tasks(name: str, seed: int, train: int = DEFAULT_TRAIN, held_out: int = DEFAULT_HELD_OUT,
+                 root: Path | None = None) -> list[Task]:
     """Every task of the family (both splits; `Task.split` is "train" or "eval"), its bundle paths absolute. The
     rows are the generator's own, so they are read as they are (`load_tasks("family:...")` validates them too)."""
     out = family_dir(name, seed, train, held_out, root)

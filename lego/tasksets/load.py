@@ -349,7 +349,8 @@ def _rows_for(source: str, split: str | None) -> tuple[Iterator[tuple[int, Any]]
     if source.startswith("family:"):
         from lego.tasksets.family import family_dir, parse_family_source  # it imports this module
 
-        out = family_dir(*parse_family_source(source))
+        family = parse_family_source(source)
+        out = family_dir(family.name, family.seed, family.train, family.held_out)
         return _jsonl_rows(out / "tasks.jsonl"), out, source
     path = Path(source).expanduser()
     if path.is_file():
@@ -381,7 +382,7 @@ def load_tasks(source: str | Path = "bundled", split: str | None = None, strict:
                limit: int | None = None) -> TaskLoad:
     """Load and validate a task set.
 
-    source: "bundled", a generated task family (`family:constants[:SEED]`, lego/tasksets/family.py), a
+    source: "bundled", a generated task family (`family:constants[:SEED[:TRAIN+HELD_OUT]]`, lego/tasksets/family.py), a
     .jsonl/.json/.parquet file, a `datasets` save_to_disk directory, a Harbor task
     directory (or a directory of them), or a Hugging Face hub dataset name.
     split: keep only tasks of this split ("train", "eval", ...); None or "all" keeps every task.
