@@ -207,6 +207,11 @@ def test_progress_comes_as_periodic_lines_per_stage(two_iterations):
         assert verify[-1] == f"verify/{iteration}: 12/12 graded (resolved 6, unresolved 6)"
         # a line each tenth at most (12 rollouts: every 2), never one per rollout
         assert 1 <= len(rollout) <= 6 and 1 <= len(verify) <= 6, (rollout, verify)
+        # the update's micro-batch passes, counted to the last one
+        train = [line for line in lines if re.match(rf"train/{iteration}: \d+/\d+ micro-batch passes", line)]
+        assert train, lines
+        done, total = map(int, re.match(r"train/\d+: (\d+)/(\d+)", train[-1]).groups())
+        assert done == total > 0
     assert not [line for line in lines if "-> completed" in line]  # the old line per rollout
 
 

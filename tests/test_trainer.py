@@ -108,9 +108,13 @@ def test_a_few_steps_lower_the_loss(tiny_model_path, batch):
 def test_each_optimizer_step_keeps_its_own_metrics(tiny_model_path, batch, tmp_path):
     config = TrainConfig(lr=1e-3, epochs=3, micro_batch_tokens=64, measure_routing_drift=False)
     trainer = Trainer(tiny_model_path, config)
-    metrics = trainer.step(batch)
+    seen = []
+    metrics = trainer.step(batch, on_pass=lambda done, total: seen.append((done, total)))
     steps = trainer.history
     assert [(s.step, s.epoch) for s in steps] == [(1, 0), (2, 1), (3, 2)] and trainer.steps == 3
+    # a watcher sees every micro-batch pass: three epochs' and the measuring pass after them, counted to the end
+    passes = int(metrics["micro_batches"]) * (config.epochs + 1)
+    assert seen == [(done, passes) for done in range(1, passes + 1)]
     first = steps[0]
     # the returned metrics are the first epoch's, and each later epoch's loss is its own step's
     for name in ("loss", "entropy", "kl_to_inference", "logprob_pearson", "grad_norm", "clip_fraction"):

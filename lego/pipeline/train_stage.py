@@ -24,6 +24,28 @@ STAGE = "train"
 STEPS_KEY = "steps"  # metrics.json: the list of optimizer steps
 
 
+class PassProgress:
+    """The train step's micro-batch passes on the run's progress board (none without one): minutes of CPU work
+    otherwise show nothing between the stage's start and end lines."""
+
+    def __init__(self, ctx: StageContext, label: str) -> None:
+        self.ctx, self.label, self.step = ctx, label, None
+
+    def __enter__(self):
+        return self.observe
+
+    def observe(self, done: int, total: int) -> None:
+        if self.ctx.progress is None:
+            return
+        if self.step is None:
+            self.step = self.ctx.progress.start(self.label, total, verb="micro-batch passes")
+        self.step.update(done, {})
+
+    def __exit__(self, *exc) -> None:
+        if self.step is not None:
+            self.step.finish()
+
+
 def training_batch(ctx: StageContext, dataset: StageResult):
     """The TrainBatch of the rollouts in the loss, with the advantages the dataset artifact froze (None when there
     is none)."""
@@ -76,8 +98,11 @@ def _fine_tune_on_demonstrations(ctx: StageContext, warmstart: StageResult | Non
     settings = WarmStartConfig(enabled=True, steps=ctx.config.train.epochs, step_batch="all", lr=ctx.config.train.lr,
                                grad_clip=ctx.config.train.grad_clip)
     started = time.monotonic()
-    checkpoint, history = fine_tune(policy.path, samples, settings, directory / "checkpoint",
-                                    device=ctx.config.engine.device, seed=ctx.config.project.seed)
+    checkpoint, history = fine_tune(
+        policy.path, samples, settings, directory / "checkpoint", device=ctx.config.engine.device,
+        seed=ctx.config.project.seed,
+        on_step=lambda step, metrics: ctx.log(f"{STAGE}: sft step {step + 1}/{settings.steps} on "
+                                              f"{len(samples)} demonstrations, loss {metrics['loss']:.4f}"))
     (directory / "metrics.json").write_text(json.dumps({"sft": True, STEPS_KEY: []}))
     new_policy = Policy.from_path(checkpoint, key=f"train:{directory.name}")
     metrics = {"trained": 1.0, "optimizer_steps": float(len(history)), "sequences": float(len(samples)),
@@ -111,7 +136,8 @@ def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy,
                                data={**policy.as_data(), "trained": False})
         started = time.monotonic()
         trainer = Trainer(policy.path, ctx.config.train, device=ctx.config.engine.device, seed=ctx.config.project.seed)
-        metrics = trainer.step(batch)
+        with PassProgress(ctx, f"{STAGE}/{iteration}") as on_pass:
+            metrics = trainer.step(batch, on_pass=on_pass)
         if not metrics["optimizer_steps"]:
             # Every GRPO group had equal rewards: nothing moves the policy, so it keeps its version.
             ctx.log(f"train/{iteration}: {int(metrics.get('groups_with_signal', 0))} of "

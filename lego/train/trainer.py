@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -344,6 +345,21 @@ def signal_counts(batch: TrainBatch, trained: list[int]) -> dict[str, float]:
     return counts
 
 
+PassObserver = Callable[[int, int], None]  # (micro-batch passes done, passes in the whole step)
+
+
+class PassCounter:
+    """Counts a step's micro-batch passes for its observer."""
+
+    def __init__(self, total: int, observer: PassObserver | None) -> None:
+        self.total, self.done, self.observer = total, 0, observer
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.observer is not None:
+            self.observer(self.done, self.total)
+
+
 class Trainer:
     """Trains one policy checkpoint directory; `step()` per batch, `save()` writes the next policy version."""
 
@@ -405,8 +421,11 @@ class Trainer:
             loss = loss + self.config.kl_coef * agg_loss(kl, mask, self.config.loss_agg_mode, **info)
         return loss, pg_metrics, logprobs, entropy
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
+    def step(self, batch: TrainBatch, on_pass: PassObserver | None = None) -> dict[str, float]:
         """One optimizer step per epoch over the batch's sequences with signal (micro-batches accumulate gradients).
+
+        `on_pass(done, total)` is called after each micro-batch pass (an epoch's forward and backward, or the
+        measuring forward after the last step): a step takes minutes on a CPU, and a watcher wants to see it move.
 
         Metrics: the loss terms and diagnostics of the first epoch over the trained sequences (`trained_sequences`),
         the signal counts (`signal_counts`), and `optimizer_steps`: 0 when no sequence was left to train (then
@@ -434,13 +453,14 @@ class Trainer:
         actor_config = verl_actor_config(self.config, info)
         plan = plan_micro_batches([len(batch.input_ids[i]) for i in trained], self.config.micro_batch_tokens)
         groups = [[trained[j] for j in group] for group in plan]
+        passes = PassCounter(len(groups) * (self.config.epochs + int(self.config.measure_update)), on_pass)
         metrics: dict[str, float] = {}
         before: dict[int, float] = {}  # each trained sequence's log-prob before the first step (epoch 0's forward)
         for epoch in range(self.config.epochs):
             started = time.monotonic()
             self.optimizer.zero_grad(set_to_none=True)
             total_loss, tokens, weighted, train_lp, inference_lp, drift_tokens, drift_total = self.backward_epoch(
-                batch, groups, actor_config, epoch, before)
+                batch, groups, actor_config, epoch, before, passes)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
             learning_rate = float(self.optimizer.param_groups[0]["lr"])
             self.optimizer.step()
@@ -477,11 +497,11 @@ class Trainer:
                 metrics[f"loss_epoch{epoch}"] = total_loss
         metrics["learning_rate"] = float(self.optimizer.param_groups[0]["lr"])  # `lego status` flags 0
         if self.config.measure_update:
-            metrics.update(self.update_effect(batch, groups, before))
+            metrics.update(self.update_effect(batch, groups, before, passes))
         return metrics
 
     def backward_epoch(self, batch: TrainBatch, groups: list[list[int]], actor_config, epoch: int,
-                       before: dict[int, float]) -> tuple:
+                       before: dict[int, float], passes: PassCounter | None = None) -> tuple:
         """One epoch's forward and backward passes over the micro-batches `groups` (gradients accumulate), and
         what they measured: (loss, response tokens, token-weighted clip fraction / entropy / KL to inference,
         train and inference log-probs of the response tokens, routing-drift tokens and their total). In epoch 0
@@ -520,9 +540,12 @@ class Trainer:
                     counted = float(micro.real_tokens.sum())
                     drift_tokens += share * counted
                     drift_total += counted
+            if passes is not None:
+                passes.advance()
         return total_loss, tokens, weighted, train_lp, inference_lp, drift_tokens, drift_total
 
-    def update_effect(self, batch: TrainBatch, groups: list[list[int]], before: dict[int, float]) -> dict[str, float]:
+    def update_effect(self, batch: TrainBatch, groups: list[list[int]], before: dict[int, float],
+                      passes: PassCounter | None = None) -> dict[str, float]:
         """What the step did to the trained sequences' log-probs (summed over each one's sampled tokens), from
         before its first optimizer step to after its last, by the sign of the sequence's advantage:
         `logprob_change_positive` / `_negative`, the mean change; `logprob_change_likeliest_positive`, the mean over
@@ -544,6 +567,8 @@ class Trainer:
                                                  micro.routed_experts if self.replay else None, with_entropy=False)
                     mask = micro.response_mask.to(logprobs.device)
                     after.update(zip(group, (logprobs * mask).sum(dim=1).tolist(), strict=True))
+                    if passes is not None:
+                        passes.advance()
         finally:
             self.model.train()
         signs = {i: np.sign(sequence_advantage(batch, i)) for i in after}
