@@ -15,8 +15,11 @@ from lego.bench import benchmark_options
 from lego.bench import learn as bench
 from lego.config import load_config
 from lego.engine.checkpoint import tiny_model_fingerprint
+from lego.engine.tokenizer import load_tokenizer
 from lego.evaluate.stats import wilson_interval
+from lego.harness.base import get_harness
 from lego.pipeline.artifacts import StageContext, StageResult
+from lego.pipeline.attempts import gold_command
 from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.learning import (
     before_after,
@@ -44,11 +47,14 @@ def test_the_family_config_loads_and_validates():
     assert (config.tasks.split, config.tasks.eval_split) == ("train", "eval")
     assert config.warmstart.enabled and config.eval.at_start and set(config.eval.splits) == {"train", "eval"}
     # some training tasks are demonstrated, and RL also practises others with no demonstration
-    train_tasks = sum(task.split == "train"
-                      for task in family_tasks(family.name, family.seed, family.train, family.held_out))
+    tasks = family_tasks(family.name, family.seed, family.train, family.held_out)
+    train_tasks = sum(task.split == "train" for task in tasks)
     assert config.warmstart.tasks is not None and 0 < config.warmstart.tasks < train_tasks
     assert config.eval.every == config.pipeline.iterations  # evaluated before RL and after the last iteration
-    assert config.sampling.max_tokens >= 204  # the longest gold reply of the family
+    # the cap cuts no gold reply of the family, held-out ones included (each ends with one more token, its stop)
+    harness, tokenizer = get_harness(config.harness.name), load_tokenizer()
+    longest = max(len(tokenizer.encode(reply)) + 1 for task in tasks for reply in harness.gold_replies(gold_command(task)))
+    assert longest <= config.sampling.max_tokens
     assert config.filter.enabled is False and config.rollout.samples_per_task >= 2
     # every seed of the bench starts from one pretrained base: the same initial weights' key whatever project.seed
     seeds = [load_config("family", [f"project.seed={seed}"]) for seed in (0, 1, 2)]
