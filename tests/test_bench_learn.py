@@ -24,9 +24,13 @@ from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.learning import (
     before_after,
     bench_table,
+    format_rises,
     format_table,
     learning_curve,
     plot_bench,
+    rate_of,
+    rate_with_tasks,
+    seed_rises,
     task_clustered_interval,
 )
 from lego.pipeline.manifest import RunManifest, save_manifest
@@ -218,6 +222,32 @@ def test_an_evaluation_reports_its_tasks_solved_and_the_interval_by_task(tmp_pat
     text = format_table(rows)
     assert "by task" in text and "2/4" in text
 
+def test_the_rise_counts_the_seeds_whose_after_rate_clears_the_interval_before_it():
+    def rate(resolved: int, tasks_solved_twice: int, tasks: int = 96) -> dict:
+        # two attempts a task: `tasks_solved_twice` tasks solved in both, the rest of `resolved` once each
+        once = resolved - 2 * tasks_solved_twice
+        per_task = [[2, 2]] * tasks_solved_twice + [[1, 2]] * once + [[0, 2]] * (tasks - tasks_solved_twice - once)
+        return rate_with_tasks(rate_of(resolved, 2 * tasks), per_task, 0.95)
+
+    seeds = {0: (26, 43), 1: (26, 39), 2: (26, 30)}  # seed 0 clears both intervals, seed 1 only per attempt
+    runs = [{"arm": "success_mass", "seed": seed, "rates": {"before": {"eval": rate(before, 8)},
+                                                            "after": {"eval": rate(after, 16)}}}
+            for seed, (before, after) in seeds.items()]
+    rows = bench_table(runs, [])
+    [rise] = seed_rises(rows)
+    before = rate(26, 8)
+    assert before["high"] < 39 / 192 < before["task_high"] < 43 / 192
+    assert (rise["arm"], rise["split"], rise["seeds"]) == ("success_mass", "eval", 3)
+    assert (rise["above_by_task"], rise["above_per_attempt"]) == (1, 2)
+    assert [seed["rise"] for seed in rise["per_seed"]] == pytest.approx([17 / 192, 13 / 192, 4 / 192])
+    assert "by task in 1 of 3 seeds, per attempt in 2 of 3" in format_rises([rise])
+    # without outcomes by task, a seed is not counted as clearing the interval it has not got
+    bare = [{**run, "rates": {phase: {"eval": rate_of(r["eval"]["resolved"], 192)} for phase, r in run["rates"].items()}}
+            for run in runs]
+    [rise] = seed_rises(bench_table(bare, []))
+    assert (rise["above_by_task"], rise["by_task_known"], rise["above_per_attempt"]) == (0, 0, 2)
+
+
 def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monkeypatch):
     """The loop over arms and seeds, with `lego run` and `lego eval` replaced by stand-ins that leave what they
     leave: a manifest in the seed's work dir, an evaluation's JSON on stdout."""
@@ -250,6 +280,8 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
     assert table["grpo", 1, "eval", "after"] == 1 and table["warmstart-greedy", 0, "train", "before"] == 3
     assert table["sft", "all", "train", "after"] == 10
     assert result["warmstart_differs"] == []  # every arm of a seed started from the same warm start
+    assert {(rise["arm"], rise["split"]): rise["above_per_attempt"] for rise in result["rises"]}["grpo", "train"] == 2
+    assert "after RL above the interval before it" in Path(result["reports"], "learn_arms.txt").read_text()
 
 
 def test_the_bench_says_when_an_arm_did_not_start_from_the_seeds_warm_start(tmp_path, monkeypatch):

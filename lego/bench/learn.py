@@ -113,7 +113,7 @@ def _single_run(name: str, extra: list[str]) -> dict[str, Any]:
 
 def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> dict[str, Any]:
     from lego.config import load_config
-    from lego.pipeline.learning import bench_table, format_table, plot_bench
+    from lego.pipeline.learning import bench_table, format_rises, format_table, plot_bench, seed_rises
 
     for arm in arms:
         arm_overrides(arm, 0, Path("."))  # an unknown arm fails before anything runs
@@ -140,11 +140,12 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
             if run.get("warmstart_policy") and not any(warm["seed"] == seed for warm in warmstarts):
                 warmstarts.append(warmstart_rates(name, seed, extra, base_work, run, reports, confidence))
     rows = bench_table(runs, warmstarts, confidence)
-    table = format_table(rows)
+    rises = seed_rises(rows)
+    table = format_table(rows) + "\n\n" + format_rises(rises)
     png = plot_bench(rows, reports / "learn_arms.png", confidence)
     result = {"config": name, "overrides": extra, "arms": arms, "seeds": seeds, "confidence": confidence,
               "wall_s": round(time.monotonic() - started, 1), "reports": str(reports), "plot": str(png),
-              "table": rows, "runs": runs, "warmstart": warmstarts,
+              "table": rows, "rises": rises, "runs": runs, "warmstart": warmstarts,
               "warmstart_differs": [f"{run['arm']} seed {run['seed']}" for run in runs
                                     if run.get("warmstart_differs_from")]}
     (reports / "learn_arms.json").write_text(json.dumps(result, indent=2, default=str))

@@ -70,7 +70,7 @@ def _per_task(path: Path) -> list[list[int]] | None:
     return [counts[task] for task in sorted(counts)]
 
 
-def _with_tasks(rate: dict[str, Any] | None, per_task: list[list[int]] | None,
+def rate_with_tasks(rate: dict[str, Any] | None, per_task: list[list[int]] | None,
                 confidence: float) -> dict[str, Any] | None:
     """`rate` plus its tasks: how many were attempted and solved at least once, and the interval with each task as
     one observation (`task_low`, `task_high`), the one to read a change against when attempts repeat tasks."""
@@ -86,7 +86,7 @@ def _eval_rate(result: StageResult, split: str, confidence: float) -> dict[str, 
     prefix, suffix = ("", "") if split == "eval" else (f"{split}.", f"-{split}")
     rate = _rate(result.metrics.get(f"{prefix}resolved"), result.metrics.get(f"{prefix}attempts"), confidence)
     outcomes = result.outputs.get(f"eval_outcomes{suffix}") or str(result.dir / f"outcomes{suffix}.json")
-    return _with_tasks(rate, _per_task(Path(outcomes)), confidence)
+    return rate_with_tasks(rate, _per_task(Path(outcomes)), confidence)
 
 
 def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str, Any]:
@@ -237,8 +237,41 @@ def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
             # each seed's tasks are observations of their own: a seed's policy differs
             per_task = [count for row in seeds for count in row.get("per_task", [])] \
                 if all("per_task" in row for row in seeds) else None
-            add(arm, "all", split, phase, _with_tasks(rate, per_task, confidence))
+            add(arm, "all", split, phase, rate_with_tasks(rate, per_task, confidence))
     return rows
+
+
+def seed_rises(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per arm and split: in how many seeds the rate after RL lies above the interval of the rate before it, by
+    task (attempts at one task are not independent: the interval to read a change against) and per attempt. The
+    issue's bar for learning is the held-out split's rise beyond the warm start's interval in most seeds."""
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    by_key = {(row["arm"], row["seed"], row["split"], row["phase"]): row for row in rows if row["seed"] != "all"}
+    for (arm, seed, split, phase), after in by_key.items():
+        before = by_key.get((arm, seed, split, "before"))
+        if phase != "after" or before is None:
+            continue
+        found.setdefault((arm, split), []).append({
+            "seed": seed, "before": before["rate"], "after": after["rate"], "rise": after["rate"] - before["rate"],
+            "above_per_attempt": after["rate"] > before["high"],
+            "above_by_task": after["rate"] > before["task_high"] if "task_high" in before else None})
+    return [{"arm": arm, "split": split, "seeds": len(seeds),
+             "above_by_task": sum(1 for seed in seeds if seed["above_by_task"]),
+             "by_task_known": sum(1 for seed in seeds if seed["above_by_task"] is not None),
+             "above_per_attempt": sum(1 for seed in seeds if seed["above_per_attempt"]), "per_seed": seeds}
+            for (arm, split), seeds in found.items()]
+
+
+def format_rises(rises: list[dict[str, Any]]) -> str:
+    """`seed_rises` as one line per arm and split."""
+    lines = []
+    for rise in rises:
+        by_task = (f"{rise['above_by_task']} of {rise['seeds']} seeds" if rise["by_task_known"] == rise["seeds"]
+                   else f"{rise['above_by_task']} of the {rise['by_task_known']} seeds with outcomes by task")
+        lines.append(f"{rise['arm']} {rise['split']}: after RL above the interval before it by task in {by_task}, "
+                     f"per attempt in {rise['above_per_attempt']} of {rise['seeds']} (rises "
+                     + ", ".join(f"{seed['rise']:+.3f}" for seed in rise["per_seed"]) + ")")
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
