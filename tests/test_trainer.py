@@ -115,6 +115,7 @@ def test_each_optimizer_step_keeps_its_own_metrics(tiny_model_path, batch, tmp_p
     # a watcher sees every micro-batch pass: three epochs' and the measuring pass after them, counted to the end
     passes = int(metrics["micro_batches"]) * (config.epochs + 1)
     assert seen == [(done, passes) for done in range(1, passes + 1)]
+    assert "routing_differs_share" not in metrics  # not measured: absent, not NaN
     first = steps[0]
     # the returned metrics are the first epoch's, and each later epoch's loss is its own step's
     for name in ("loss", "entropy", "kl_to_inference", "logprob_pearson", "grad_norm", "clip_fraction"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -13,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from lego.config import LegoConfig
 from lego.pipeline.keys import code_version, key_of
@@ -35,6 +36,15 @@ class StageResult(BaseModel):
     seconds: float = 0.0
     created_at: str = ""
     host: str = ""  # the machine that computed it (a stage placed on a cluster node: that node)
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _measured_only(cls, metrics: Any) -> Any:
+        """A metric a stage could not measure (NaN, which JSON writes as null) is absent rather than a number."""
+        if not isinstance(metrics, dict):
+            return metrics
+        return {name: value for name, value in metrics.items()
+                if value is not None and not (isinstance(value, float) and not math.isfinite(value))}
 
     @property
     def dir(self) -> Path:

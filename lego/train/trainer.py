@@ -483,16 +483,19 @@ class Trainer:
                     "entropy": record.entropy,
                     "grad_norm": record.grad_norm,
                     "kl_to_inference": record.kl_to_inference,
-                    "logprob_pearson": correlation,
                     "logprob_abs_diff_mean": float(delta.mean()) if len(delta) else 0.0,
                     "logprob_abs_diff_max": float(delta.max()) if len(delta) else 0.0,
-                    "routing_differs_share": drift_tokens / drift_total if drift_total else float("nan"),
                     "response_tokens": float(tokens),
                     "response_tokens_skipped": skipped_tokens,
                     "micro_batches": float(len(groups)),
                     "optimizer_steps": float(self.config.epochs),
                     **counts,
                 }
+                # measured or absent: a NaN would say "measured, no number"
+                if not np.isnan(correlation):
+                    metrics["logprob_pearson"] = correlation
+                if drift_total:
+                    metrics["routing_differs_share"] = drift_tokens / drift_total
             else:
                 metrics[f"loss_epoch{epoch}"] = total_loss
         metrics["learning_rate"] = float(self.optimizer.param_groups[0]["lr"])  # `lego status` flags 0
