@@ -290,7 +290,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float = 0.95) -> Path:
     """One panel per split: per arm, each seed's resolved rate before (hollow) and after (filled) RL with its
-    Wilson interval; the warm start at greedy decoding as its own column."""
+    interval by task where the row has one (attempts at one task are not independent: the interval `seed_rises`
+    reads a rise against), else its per-attempt Wilson interval; the warm start at greedy decoding as its own
+    column."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -301,6 +303,7 @@ def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float =
     seeds = sorted({row["seed"] for row in seeded}, key=str)
     figure, axes = plt.subplots(1, len(SPLITS), figsize=(5 + 1.2 * len(arms), 4), sharey=True, squeeze=False)
     width = 0.8 / max(1, 2 * len(seeds))
+    top = min(1.02, max((row.get("task_high", row["high"]) for row in seeded), default=1.0) + 0.08)
     for axis, split in zip(axes[0], SPLITS, strict=True):
         for arm_index, arm in enumerate(arms):
             for seed_index, seed in enumerate(seeds):
@@ -310,17 +313,20 @@ def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float =
                     if not found:
                         continue
                     row = found[0]
+                    low, high = (row["task_low"], row["task_high"]) if "task_low" in row else (row["low"], row["high"])
                     x = arm_index - 0.4 + width * (2 * seed_index + phase_index + 0.5)
-                    axis.errorbar([x], [row["rate"]], yerr=[[row["rate"] - row["low"]], [row["high"] - row["rate"]]],
+                    spread = [[max(0.0, row["rate"] - low)], [max(0.0, high - row["rate"])]]
+                    axis.errorbar([x], [row["rate"]], yerr=spread,
                                   fmt="o", capsize=3, color=f"C{seed_index}",
                                   markerfacecolor="white" if phase == "before" else f"C{seed_index}",
                                   label=f"seed {seed} {phase}")
         axis.set_xticks(range(len(arms)))
         axis.set_xticklabels(arms, rotation=20, fontsize=8)
         axis.set_title(f"{split} split" + (" (held out)" if split == "eval" else " (training tasks)"))
-        axis.set_ylim(-0.02, 1.02)
+        axis.set_xlim(-0.5, len(arms) - 0.5)
+        axis.set_ylim(-0.02, top)
         axis.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"resolved rate ({int(confidence * 100)}% Wilson interval)")
+    axes[0][0].set_ylabel(f"resolved rate ({int(confidence * 100)}% interval, by task)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
     if unique:
