@@ -131,7 +131,7 @@ def _stage(stage: str, iteration: int | None, metrics: dict, data: dict | None =
 
 
 def crafted_manifest(run_id: str, before: tuple[int, int], after: tuple[int, int], attempts: int = 8,
-                     policy: str = "/warm/checkpoint") -> RunManifest:
+                     policy: str = "/warm/checkpoint", sft_steps: Path | None = None) -> RunManifest:
     """A run as the pipeline leaves it: the baseline and the last evaluation, on the train (`train.`) and eval
     splits, `before`/`after` = (train resolved, eval resolved) of `attempts` each."""
     def split_metrics(resolved: tuple[int, int]) -> dict:
@@ -146,6 +146,8 @@ def crafted_manifest(run_id: str, before: tuple[int, int], after: tuple[int, int
               _stage("verify", 1, {"graded": 8, "outcome.resolved": 5}),
               _stage("train", 1, {"optimizer_steps": 4, "loss": 0.4}),
               _stage("evaluate", 1, split_metrics(after))]
+    if sft_steps is not None:
+        stages[0].outputs["sft_steps"] = str(sft_steps)
     return RunManifest(run_id=run_id, created_at="2026-12-02T00:00:00+00:00",
                        stages={result.label(): result for result in stages})
 
@@ -261,7 +263,11 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
         work_dir = [arg.split("=", 1)[1] for arg in args if arg.startswith("project.work_dir=")][-1]  # the last wins
         if args[3] == "run":
             arm = next(arg.split("=", 1)[1] for arg in args if arg.startswith("train.adv_estimator="))
-            save_manifest(WorkDir.create(work_dir), crafted_manifest(f"run-{arm}-{len(commands)}", (2, 0), (5, 1)))
+            steps = WorkDir.create(work_dir).root / "sft_steps.json"  # the warm start stage's per-step record
+            steps.write_text(json.dumps([{"loss": 2.0, "token_accuracy": 0.4, "grad_norm": 3.0},
+                                         {"loss": 0.5, "token_accuracy": 0.9, "grad_norm": 1.0}]))
+            save_manifest(WorkDir.create(work_dir), crafted_manifest(f"run-{arm}-{len(commands)}", (2, 0), (5, 1),
+                                                                     sft_steps=steps))
             return 0, "", 1.0
         report = {"resolved": 3 if args[args.index("--split") + 1] == "train" else 0, "attempts": 8}
         return 0, json.dumps({"harnesses": {"mini-swe-agent": {"report": report}}}), 1.0
@@ -275,6 +281,10 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
     assert all("eval.temperature=0" in args and "/warm/checkpoint" in args for args in evals)
     assert {(run["arm"], run["seed"]) for run in result["runs"]} == {("sft", 0), ("grpo", 0), ("sft", 1), ("grpo", 1)}
     assert [warm["greedy"]["train"]["resolved"] for warm in result["warmstart"]] == [3, 3]
+    # each seed's warm start reports its own curve, drawn in a plot of its own
+    assert result["warmstart"][0]["curve"] == [{"step": 1, "loss": 2.0, "token_accuracy": 0.4},
+                                               {"step": 2, "loss": 0.5, "token_accuracy": 0.9}]
+    assert Path(result["warmstart_plot"]).read_bytes()[:4] == b"\x89PNG"
     assert Path(result["plot"]).is_file() and Path(result["reports"], "learn_arms.json").is_file()
     table = {(row["arm"], row["seed"], row["split"], row["phase"]): row["resolved"] for row in result["table"]}
     assert table["grpo", 1, "eval", "after"] == 1 and table["warmstart-greedy", 0, "train", "before"] == 3

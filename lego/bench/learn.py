@@ -16,7 +16,8 @@ the same rollouts sampled per iteration and the same number of optimizer steps; 
 It also evaluates each seed's warm start at greedy decoding (`lego eval`, temperature 0, one attempt per task); its
 rate at the sampling temperature is every arm's `before`. The result: a row per arm x seed x split x phase (resolved,
 attempts, rate, Wilson interval; tasks solved and the interval by task, as attempts at one task are not
-independent), the seeds pooled, the table as text and a plot, written under <work dir>/reports/bench-learn-<time>/.
+independent), the seeds pooled, the table as text and a plot, and each seed's warm start curve (its loss and token
+accuracy per step) as a second plot, written under <work dir>/reports/bench-learn-<time>/.
 A benchmark, not a test: hours at full size on a small machine.
 """
 
@@ -113,7 +114,14 @@ def _single_run(name: str, extra: list[str]) -> dict[str, Any]:
 
 def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> dict[str, Any]:
     from lego.config import load_config
-    from lego.pipeline.learning import bench_table, format_rises, format_table, plot_bench, seed_rises
+    from lego.pipeline.learning import (
+        bench_table,
+        format_rises,
+        format_table,
+        plot_bench,
+        plot_warmstart_curves,
+        seed_rises,
+    )
 
     for arm in arms:
         arm_overrides(arm, 0, Path("."))  # an unknown arm fails before anything runs
@@ -143,8 +151,11 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
     rises = seed_rises(rows)
     table = format_table(rows) + "\n\n" + format_rises(rises)
     png = plot_bench(rows, reports / "learn_arms.png", confidence)
+    warm_png = plot_warmstart_curves({f"seed {warm['seed']}": warm["curve"] for warm in warmstarts
+                                      if warm.get("curve")}, reports / "warmstart_curves.png")
     result = {"config": name, "overrides": extra, "arms": arms, "seeds": seeds, "confidence": confidence,
               "wall_s": round(time.monotonic() - started, 1), "reports": str(reports), "plot": str(png),
+              "warmstart_plot": str(warm_png),
               "table": rows, "rises": rises, "runs": runs, "warmstart": warmstarts,
               "warmstart_differs": [f"{run['arm']} seed {run['seed']}" for run in runs
                                     if run.get("warmstart_differs_from")]}
@@ -184,6 +195,7 @@ def run_arm(name: str, arm: str, seed: int, extra: list[str], base_work: Path, r
     if warm is not None:
         entry["warmstart_key"] = warm.key
         entry["warmstart_policy"] = warm.data.get("policy_path")
+        entry["warmstart_steps"] = str(warm.outputs["sft_steps"]) if warm.outputs.get("sft_steps") else None
         entry["warmstart"] = {key: warm.metrics.get(key) for key in
                               ("resolved_demonstrations", "demonstrations", "steps", "final_loss",
                                "final_token_accuracy")}
@@ -198,7 +210,7 @@ def warmstart_rates(name: str, seed: int, extra: list[str], base_work: Path, run
     """The seed's warm start: its rate at the sampling temperature (the baseline evaluation every arm starts from)
     and at greedy decoding (`lego eval` at temperature 0, one attempt per task: greedy decoding is deterministic)."""
     from lego.config import load_config
-    from lego.pipeline.learning import rate_of
+    from lego.pipeline.learning import rate_of, warmstart_curve
 
     arm_extra = [*extra, *arm_overrides(run["arm"], seed, base_work), "eval.temperature=0"]
     config = load_config(name, arm_extra)
@@ -215,5 +227,7 @@ def warmstart_rates(name: str, seed: int, extra: list[str], base_work: Path, run
             report = next(iter(evaluation["harnesses"].values()))["report"]
             if report["attempts"]:
                 greedy[split] = rate_of(report["resolved"], report["attempts"], confidence)
+    steps = run.get("warmstart_steps")
+    curve = warmstart_curve(steps) if steps and Path(steps).is_file() else None
     return {"seed": seed, "sampled": (run.get("rates") or {}).get("before"), "greedy": greedy,
-            "temperature": config.sampling.temperature, **(run.get("warmstart") or {})}
+            "temperature": config.sampling.temperature, **(run.get("warmstart") or {}), "curve": curve}

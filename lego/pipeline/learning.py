@@ -335,6 +335,40 @@ def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float =
     return _save(figure, path)
 
 
+def warmstart_curve(steps_path: str | Path) -> list[dict[str, float]]:
+    """The warm start's own curve from its stage's `sft_steps.json`: per optimizer step, the mean token loss, the
+    token accuracy and the least likely demonstration's log-probability (what its stopping rule reads)."""
+    names = ("loss", "token_accuracy", "least_likely_demonstration_logprob")
+    return [{"step": index + 1, **{name: float(step[name]) for name in names if step.get(name) is not None}}
+            for index, step in enumerate(json.loads(Path(steps_path).read_text()))]
+
+
+def plot_warmstart_curves(curves: dict[str, list[dict[str, float]]], path: str | Path) -> Path:
+    """Each seed's warm start: its token loss (log scale) and token accuracy per optimizer step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for index, (label, curve) in enumerate(curves.items()):
+        steps = [point["step"] for point in curve]
+        loss_axis.plot(steps, [point.get("loss", float("nan")) for point in curve], color=f"C{index}", label=label)
+        accuracy_axis.plot(steps, [point.get("token_accuracy", float("nan")) for point in curve], color=f"C{index}",
+                           label=label)
+    loss_axis.set_yscale("log")
+    loss_axis.set_ylabel("mean token loss (nats)")
+    accuracy_axis.set_ylabel("token accuracy")
+    accuracy_axis.set_ylim(-0.02, 1.02)
+    for axis in (loss_axis, accuracy_axis):
+        axis.set_xlabel("optimizer step")
+        axis.grid(alpha=0.3)
+    if curves:
+        accuracy_axis.legend(loc="best", fontsize=8)
+    figure.suptitle("the warm start's own curve on its demonstrations, per seed", fontsize=9)
+    return _save(figure, path)
+
+
 def _save(figure, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
