@@ -130,6 +130,10 @@ def _stage(stage: str, iteration: int | None, metrics: dict, data: dict | None =
                        data=data or {})
 
 
+def _policy_data(version: int) -> dict:
+    return {"policy_path": f"/run/policy-{version}", "policy_version": version, "policy_key": f"policy-{version}"}
+
+
 def crafted_manifest(run_id: str, before: tuple[int, int], after: tuple[int, int], attempts: int = 8,
                      policy: str = "/warm/checkpoint", sft_steps: Path | None = None) -> RunManifest:
     """A run as the pipeline leaves it: the baseline and the last evaluation, on the train (`train.`) and eval
@@ -142,9 +146,9 @@ def crafted_manifest(run_id: str, before: tuple[int, int], after: tuple[int, int
                                          "demonstrations": 4}, {"policy_path": policy}),
               _stage("baseline", None, split_metrics(before)),
               _stage("verify", 0, {"graded": 8, "outcome.resolved": 3}),
-              _stage("train", 0, {"optimizer_steps": 4, "loss": 0.5}),
+              _stage("train", 0, {"optimizer_steps": 4, "loss": 0.5}, _policy_data(1)),
               _stage("verify", 1, {"graded": 8, "outcome.resolved": 5}),
-              _stage("train", 1, {"optimizer_steps": 4, "loss": 0.4}),
+              _stage("train", 1, {"optimizer_steps": 4, "loss": 0.4}, _policy_data(2)),
               _stage("evaluate", 1, split_metrics(after))]
     if sft_steps is not None:
         stages[0].outputs["sft_steps"] = str(sft_steps)
@@ -269,16 +273,23 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
             save_manifest(WorkDir.create(work_dir), crafted_manifest(f"run-{arm}-{len(commands)}", (2, 0), (5, 1),
                                                                      sft_steps=steps))
             return 0, "", 1.0
-        report = {"resolved": 3 if args[args.index("--split") + 1] == "train" else 0, "attempts": 8}
+        if "--run" in args:  # an arm's last policy: 5 of 8 held-out tasks at greedy decoding
+            assert args[args.index("--policy-version") + 1] == "2" and args[args.index("--split") + 1] == "eval"
+            report = {"resolved": 5, "attempts": 8}
+        else:  # the warm start
+            report = {"resolved": 3 if args[args.index("--split") + 1] == "train" else 0, "attempts": 8}
         return 0, json.dumps({"harnesses": {"mini-swe-agent": {"report": report}}}), 1.0
 
     monkeypatch.setattr(bench, "_child", child)
     result = bench.bench_learn(None, None, config="family", arms="sft,grpo", seeds="0,1",
                                overrides=f"project.work_dir={base} tasks.limit=2")
-    assert [args[3] for args in commands] == ["run", "eval", "eval", "run"] * 2
+    # per seed: the first arm's run, its warm start at greedy decoding on both splits, its last policy at greedy
+    # decoding on the held-out split; then the next arm's run and its last policy
+    assert [args[3] for args in commands] == ["run", "eval", "eval", "eval", "run", "eval"] * 2
     assert all("tasks.limit=2" in args for args in commands)
     evals = [args for args in commands if args[3] == "eval"]
-    assert all("eval.temperature=0" in args and "/warm/checkpoint" in args for args in evals)
+    assert all("eval.temperature=0" in args for args in evals)
+    assert sum("/warm/checkpoint" in args for args in evals) == 4 and sum("--run" in args for args in evals) == 4
     assert {(run["arm"], run["seed"]) for run in result["runs"]} == {("sft", 0), ("grpo", 0), ("sft", 1), ("grpo", 1)}
     assert [warm["greedy"]["train"]["resolved"] for warm in result["warmstart"]] == [3, 3]
     # each seed's warm start reports its own curve, drawn in a plot of its own
@@ -289,6 +300,11 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
     table = {(row["arm"], row["seed"], row["split"], row["phase"]): row["resolved"] for row in result["table"]}
     assert table["grpo", 1, "eval", "after"] == 1 and table["warmstart-greedy", 0, "train", "before"] == 3
     assert table["sft", "all", "train", "after"] == 10
+    # at greedy decoding: the warm start before, the arm's last policy after, on the held-out split only
+    assert (table["grpo greedy", 1, "eval", "before"], table["grpo greedy", 1, "eval", "after"]) == (0, 5)
+    assert ("grpo greedy", 1, "train", "after") not in table
+    greedy_rises = {(rise["arm"], rise["split"]): rise for rise in result["rises"]}["sft greedy", "eval"]
+    assert (greedy_rises["seeds"], greedy_rises["above_by_task"]) == (2, 2)
     assert result["warmstart_differs"] == []  # every arm of a seed started from the same warm start
     assert {(rise["arm"], rise["split"]): rise["above_per_attempt"] for rise in result["rises"]}["grpo", "train"] == 2
     assert "after RL above the interval before it" in Path(result["reports"], "learn_arms.txt").read_text()

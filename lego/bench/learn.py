@@ -14,7 +14,9 @@ the same rollouts sampled per iteration and the same number of optimizer steps; 
 - `grpo`: GRPO's group-normalized advantages;
 - `success_mass`: each found success weighted by its share of the group's found success mass.
 It also evaluates each seed's warm start at greedy decoding (`lego eval`, temperature 0, one attempt per task); its
-rate at the sampling temperature is every arm's `before`. The result: a row per arm x seed x split x phase (resolved,
+rate at the sampling temperature is every arm's `before`. And each arm's last policy at greedy decoding on the
+held-out split (the rows `ARM greedy`, before: the warm start at greedy decoding): RL that only sharpens the warm
+start's distribution raises the rate at the sampling temperature as a lower temperature would, not this one. The result: a row per arm x seed x split x phase (resolved,
 attempts, rate, Wilson interval; tasks solved and the interval by task, as attempts at one task are not
 independent), the seeds pooled, the table as text and a plot, and each seed's warm start curve (its loss and token
 accuracy per step) as a second plot, written under <work dir>/reports/bench-learn-<time>/.
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from lego.bench import register
-from lego.config import LegoConfig
+from lego.config import LegoConfig, load_config
 from lego.errors import LegoError, tail
 from lego.workdir import WorkDir
 
@@ -94,7 +96,6 @@ def bench_learn(bench_config: LegoConfig, work: WorkDir, config: str = "learn", 
 
 
 def _single_run(name: str, extra: list[str]) -> dict[str, Any]:
-    from lego.config import load_config
     from lego.pipeline.learning import learning_curve, plot_learning_curve
     from lego.pipeline.manifest import latest_run_id, load_manifest
 
@@ -113,7 +114,6 @@ def _single_run(name: str, extra: list[str]) -> dict[str, Any]:
 
 
 def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> dict[str, Any]:
-    from lego.config import load_config
     from lego.pipeline.learning import (
         bench_table,
         format_rises,
@@ -147,6 +147,9 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
                      f"{first['arm']}'s ({first['warmstart_key'][:12]}): the code changed between the runs")
             if run.get("warmstart_policy") and not any(warm["seed"] == seed for warm in warmstarts):
                 warmstarts.append(warmstart_rates(name, seed, extra, base_work, run, reports, confidence))
+            if run.get("final_policy_version"):
+                run["greedy_after"] = final_policy_greedy_rates(name, seed, extra, base_work, run, reports,
+                                                                confidence)
     rows = bench_table(runs, warmstarts, confidence)
     rises = seed_rises(rows)
     table = format_table(rows) + "\n\n" + format_rises(rises)
@@ -168,7 +171,6 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
 def run_arm(name: str, arm: str, seed: int, extra: list[str], base_work: Path, reports: Path,
             confidence: float) -> dict[str, Any]:
     """One `lego run` of the config under `arm` at `seed`: its before/after rates, curve and times."""
-    from lego.config import load_config
     from lego.pipeline.learning import before_after, learning_curve
     from lego.pipeline.manifest import latest_run_id, load_manifest
 
@@ -187,7 +189,9 @@ def run_arm(name: str, arm: str, seed: int, extra: list[str], base_work: Path, r
     curve = learning_curve(manifest, confidence)
     rates = before_after(curve)
     warm = manifest.get("warmstart")
-    entry.update({"run_id": manifest.run_id, "work_dir": str(run_work.root), "rates": rates,
+    versions = [int(result.data["policy_version"]) for result in manifest.stages.values()
+                if "policy_version" in result.data and "policy_path" in result.data]
+    entry.update({"run_id": manifest.run_id, "final_policy_version": max(versions, default=0), "work_dir": str(run_work.root), "rates": rates,
                   "rollouts": [point.get("train_split") for point in curve["curve"] if point.get("train_split")],
                   "optimizer_steps": [int((point.get("train_step") or {}).get("optimizer_steps", 0))
                                       for point in curve["curve"] if "train_step" in point],
@@ -208,26 +212,51 @@ def run_arm(name: str, arm: str, seed: int, extra: list[str], base_work: Path, r
 def warmstart_rates(name: str, seed: int, extra: list[str], base_work: Path, run: dict[str, Any], reports: Path,
                     confidence: float) -> dict[str, Any]:
     """The seed's warm start: its rate at the sampling temperature (the baseline evaluation every arm starts from)
-    and at greedy decoding (`lego eval` at temperature 0, one attempt per task: greedy decoding is deterministic)."""
-    from lego.config import load_config
-    from lego.pipeline.learning import rate_of, warmstart_curve
+    and at greedy decoding, on both splits."""
+    from lego.pipeline.learning import warmstart_curve
 
-    arm_extra = [*extra, *arm_overrides(run["arm"], seed, base_work), "eval.temperature=0"]
+    arm_extra = [*extra, *arm_overrides(run["arm"], seed, base_work)]
     config = load_config(name, arm_extra)
-    limits = {"train": config.tasks.limit or 100_000, "eval": config.eval.limit or 100_000}
-    greedy: dict[str, dict[str, Any] | None] = {}
-    for split, limit in limits.items():
-        command = [*CLI, "eval", "-c", name, *arm_extra, "--policy", run["warmstart_policy"], "--split", split,
-                   "--limit", str(limit), "--samples", "1", "--json"]
-        _say(f"seed {seed}: the warm start at greedy decoding on the {split} split")
-        code, stdout, _ = _child(command, reports / f"warmstart-greedy-seed{seed}-{split}.log")
-        greedy[split] = None
-        if code in (0, 1) and stdout.strip():
-            evaluation = json.loads(stdout[stdout.index("{"):])
-            report = next(iter(evaluation["harnesses"].values()))["report"]
-            if report["attempts"]:
-                greedy[split] = rate_of(report["resolved"], report["attempts"], confidence)
+    _say(f"seed {seed}: the warm start at greedy decoding")
+    greedy = greedy_rates(name, arm_extra, ["--policy", run["warmstart_policy"]], ("train", "eval"),
+                          reports / f"warmstart-greedy-seed{seed}", confidence)
     steps = run.get("warmstart_steps")
     curve = warmstart_curve(steps) if steps and Path(steps).is_file() else None
     return {"seed": seed, "sampled": (run.get("rates") or {}).get("before"), "greedy": greedy,
             "temperature": config.sampling.temperature, **(run.get("warmstart") or {}), "curve": curve}
+
+
+def final_policy_greedy_rates(name: str, seed: int, extra: list[str], base_work: Path, run: dict[str, Any],
+                              reports: Path, confidence: float) -> dict[str, dict[str, Any] | None]:
+    """The arm's last policy at greedy decoding on the held-out split: a rise at the sampling temperature can be
+    sharpening alone (what a lower temperature does to the warm start), a rise at greedy decoding cannot."""
+    arm_extra = [*extra, *arm_overrides(run["arm"], seed, base_work)]
+    _say(f"arm {run['arm']} seed {seed}: its last policy at greedy decoding")
+    return greedy_rates(name, arm_extra, ["--run", run["run_id"], "--policy-version", str(run["final_policy_version"])],
+                        ("eval",), reports / f"{run['arm']}-greedy-seed{seed}", confidence)
+
+
+def greedy_rates(name: str, arm_extra: list[str], policy: list[str], splits: tuple[str, ...], log_stem: Path,
+                 confidence: float) -> dict[str, dict[str, Any] | None]:
+    """`lego eval` of `policy` at temperature 0, one attempt per task (greedy decoding is deterministic), per split:
+    its rate, and the interval by task over the same outcomes (one attempt a task). An evaluation stored
+    by an earlier identical one is resumed, so a rerun of the bench costs nothing here."""
+    from lego.pipeline.learning import rate_of, rate_with_tasks
+
+    arm_extra = [*arm_extra, "eval.temperature=0"]
+    config = load_config(name, arm_extra)
+    limits = {"train": config.tasks.limit or 100_000, "eval": config.eval.limit or 100_000}
+    rates: dict[str, dict[str, Any] | None] = {}
+    for split in splits:
+        command = [*CLI, "eval", "-c", name, *arm_extra, *policy, "--split", split, "--limit", str(limits[split]),
+                   "--samples", "1", "--json"]
+        code, stdout, _ = _child(command, log_stem.with_name(f"{log_stem.name}-{split}.log"))
+        rates[split] = None
+        if code in (0, 1) and stdout.strip():
+            evaluation = json.loads(stdout[stdout.index("{"):])
+            report = next(iter(evaluation["harnesses"].values()))["report"]
+            resolved, attempts = report["resolved"], report["attempts"]
+            if attempts:
+                one_each = [[1, 1]] * resolved + [[0, 1]] * (attempts - resolved)  # one attempt per task
+                rates[split] = rate_with_tasks(rate_of(resolved, attempts, confidence), one_each, confidence)
+    return rates

@@ -211,7 +211,9 @@ def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
                 confidence: float = 0.95) -> list[dict[str, Any]]:
     """One row per arm x seed x split x phase (`runs`: each with arm, seed and `rates` as `before_after` gives),
     then one per seed x split for the warm start at greedy decoding (arm `warmstart-greedy`, phase `before`), then
-    the seeds pooled (seed `all`: the counts summed, the interval over them)."""
+    per arm whose last policy was evaluated at greedy decoding (`greedy_after`) the arm `ARM greedy`: before is the
+    seed's warm start at greedy decoding, after is that policy; then the seeds pooled (seed `all`: the counts
+    summed, the interval over them)."""
     rows: list[dict[str, Any]] = []
 
     def add(arm: str, seed: int | str, split: str, phase: str, rate: dict[str, Any] | None) -> None:
@@ -228,6 +230,12 @@ def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
     for warm in warmstarts:
         for split in SPLITS:
             add("warmstart-greedy", warm["seed"], split, "before", (warm.get("greedy") or {}).get(split))
+    greedy_before = {warm["seed"]: warm.get("greedy") or {} for warm in warmstarts}
+    for run in runs:
+        for split, after in (run.get("greedy_after") or {}).items():
+            if after and greedy_before.get(run["seed"], {}).get(split):
+                add(f"{run['arm']} greedy", run["seed"], split, "before", greedy_before[run["seed"]][split])
+                add(f"{run['arm']} greedy", run["seed"], split, "after", after)
     pooled: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
         pooled.setdefault((row["arm"], row["split"], row["phase"]), []).append(row)
@@ -276,13 +284,13 @@ def format_rises(rises: list[dict[str, Any]]) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The table as text, one line per row, for a terminal or a note."""
-    header = (f"{'arm':<18}{'seed':>5}  {'split':<6}{'phase':<8}{'resolved':>12}{'rate':>8}  {'interval':<16}"
+    header = (f"{'arm':<20}{'seed':>5}  {'split':<6}{'phase':<8}{'resolved':>12}{'rate':>8}  {'interval':<16}"
               f"{'tasks solved':>13}  by task")
     lines = [header, "-" * len(header)]
     for row in rows:
         tasks = (f"{row['tasks_solved']:>6}/{row['tasks']:<6}  [{row['task_low']:.3f}, {row['task_high']:.3f}]"
                  if "tasks" in row else f"{'-':>7}")
-        lines.append(f"{row['arm']:<18}{row['seed']!s:>5}  {row['split']:<6}{row['phase']:<8}"
+        lines.append(f"{row['arm']:<20}{row['seed']!s:>5}  {row['split']:<6}{row['phase']:<8}"
                      f"{row['resolved']:>6}/{row['attempts']:<5}{row['rate']:>8.3f}  "
                      f"[{row['low']:.3f}, {row['high']:.3f}]  {tasks}")
     return "\n".join(lines)
