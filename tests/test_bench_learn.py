@@ -16,7 +16,7 @@ from lego.bench import learn as bench
 from lego.config import load_config
 from lego.engine.checkpoint import tiny_model_fingerprint
 from lego.engine.tokenizer import load_tokenizer
-from lego.evaluate.stats import wilson_interval
+from lego.evaluate.stats import mean_interval, sign_test_p, wilson_interval
 from lego.harness.base import get_harness
 from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.attempts import gold_command
@@ -254,6 +254,45 @@ def test_the_rise_counts_the_seeds_whose_after_rate_clears_the_interval_before_i
     assert (rise["above_by_task"], rise["by_task_known"], rise["above_per_attempt"]) == (0, 0, 2)
 
 
+def test_a_rise_inside_the_interval_before_it_can_still_be_clear_task_by_task():
+    """The held-out tasks are the same before and after: read task by task, a rise that every task shares (or none
+    loses) is clear where the interval of the rate before it, wide from the tasks' spread in difficulty, is not."""
+    tasks = [f"t{n:02d}" for n in range(96)]
+    before = [[2, 2]] * 12 + [[1, 2]] * 8 + [[0, 2]] * 76  # 32/192
+    after = [[2, 2]] * 12 + [[2, 2]] * 8 + [[1, 2]] * 3 + [[0, 2]] * 73  # 43/192: 11 tasks up, none down
+    runs = [{"arm": "success_mass", "seed": 1, "rates": {
+        "before": {"eval": rate_with_tasks(rate_of(32, 192), before, 0.95, tasks)},
+        "after": {"eval": rate_with_tasks(rate_of(43, 192), list(reversed(after)), 0.95, list(reversed(tasks)))}}}]
+    [rise] = seed_rises(bench_table(runs, []))
+    [seed] = rise["per_seed"]
+    assert seed["above_by_task"] is False and rise["paired_above_zero"] == 1  # paired by id, not by position
+    assert (seed["paired"]["tasks"], seed["paired"]["up"], seed["paired"]["down"]) == (96, 11, 0)
+    assert seed["paired"]["rise"] == pytest.approx(11 / 192)
+    assert seed["paired"]["sign_p"] == pytest.approx(2 / 2**11)
+    assert "the rise's interval above zero in 1 of 1 seeds" in format_rises([rise])
+    # the same counts with the gains and losses balanced: no clear change
+    mixed = [[2, 2]] * 4 + [[1, 2]] * 8 + [[2, 2]] * 8 + [[1, 2]] * 3 + [[0, 2]] * 73
+    runs[0]["rates"]["after"]["eval"] = rate_with_tasks(rate_of(43, 192), mixed, 0.95, tasks)
+    [rise] = seed_rises(bench_table(runs, []))
+    assert rise["paired_above_zero"] == 0 and rise["per_seed"][0]["paired"]["down"] == 8
+    # without task ids (a report from before they were kept) there is no pairing, and nothing is counted
+    runs[0]["rates"]["after"]["eval"] = rate_with_tasks(rate_of(43, 192), after, 0.95)
+    [rise] = seed_rises(bench_table(runs, []))
+    assert rise["per_seed"][0]["paired"] is None and rise["paired_known"] == 0
+
+
+def test_the_sign_test_and_the_interval_of_a_mean():
+    assert sign_test_p(0, 0) == 1.0 and sign_test_p(3, 3) == 1.0
+    assert sign_test_p(9, 1) == pytest.approx(2 * 11 / 1024) == sign_test_p(1, 9)
+    low, high = mean_interval([0.0, 1.0] * 50)
+    assert low == pytest.approx(0.5 - 1.96 * 0.50252 / 10, abs=1e-4) and high == pytest.approx(1 - low)
+    assert mean_interval([0.25, 0.25]) == (0.25, 0.25)
+    with pytest.raises(ValueError):
+        mean_interval([1.0])
+    with pytest.raises(ValueError):
+        sign_test_p(-1, 2)
+
+
 def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monkeypatch):
     """The loop over arms and seeds, with `lego run` and `lego eval` replaced by stand-ins that leave what they
     leave: a manifest in the seed's work dir, an evaluation's JSON on stdout."""
@@ -275,9 +314,13 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
             return 0, "", 1.0
         if "--run" in args:  # an arm's last policy: 5 of 8 held-out tasks at greedy decoding
             assert args[args.index("--policy-version") + 1] == "2" and args[args.index("--split") + 1] == "eval"
-            report = {"resolved": 5, "attempts": 8}
+            resolved = 5
         else:  # the warm start
-            report = {"resolved": 3 if args[args.index("--split") + 1] == "train" else 0, "attempts": 8}
+            resolved = 3 if args[args.index("--split") + 1] == "train" else 0
+        # one attempt per task, the first `resolved` tasks solved; a ninth task's only attempt an infra failure
+        per_task = {f"task-{n}": {"attempts": 1, "resolved": int(n < resolved), "infra_errors": 0} for n in range(8)}
+        per_task["task-8"] = {"attempts": 0, "resolved": 0, "infra_errors": 1}
+        report = {"resolved": resolved, "attempts": 8, "per_task": per_task}
         return 0, json.dumps({"harnesses": {"mini-swe-agent": {"report": report}}}), 1.0
 
     monkeypatch.setattr(bench, "_child", child)
@@ -305,6 +348,11 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
     assert ("grpo greedy", 1, "train", "after") not in table
     greedy_rises = {(rise["arm"], rise["split"]): rise for rise in result["rises"]}["sft greedy", "eval"]
     assert (greedy_rises["seeds"], greedy_rises["above_by_task"]) == (2, 2)
+    # task by task: the same eight held-out tasks (the infra failure left out), five up and none down in each seed
+    paired = greedy_rises["per_seed"][0]["paired"]
+    assert (paired["tasks"], paired["up"], paired["down"], paired["rise"]) == (8, 5, 0, 5 / 8)
+    assert 0 < paired["low"] < 5 / 8 < paired["high"] and paired["sign_p"] == pytest.approx(2 / 32)
+    assert greedy_rises["paired_above_zero"] == 2
     assert result["warmstart_differs"] == []  # every arm of a seed started from the same warm start
     assert {(rise["arm"], rise["split"]): rise["above_per_attempt"] for rise in result["rises"]}["grpo", "train"] == 2
     assert "after RL above the interval before it" in Path(result["reports"], "learn_arms.txt").read_text()

@@ -151,7 +151,7 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
                 run["greedy_after"] = final_policy_greedy_rates(name, seed, extra, base_work, run, reports,
                                                                 confidence)
     rows = bench_table(runs, warmstarts, confidence)
-    rises = seed_rises(rows)
+    rises = seed_rises(rows, confidence)
     table = format_table(rows) + "\n\n" + format_rises(rises)
     png = plot_bench(rows, reports / "learn_arms.png", confidence)
     warm_png = plot_warmstart_curves({f"seed {warm['seed']}": warm["curve"] for warm in warmstarts
@@ -241,7 +241,7 @@ def greedy_rates(name: str, arm_extra: list[str], policy: list[str], splits: tup
     """`lego eval` of `policy` at temperature 0, one attempt per task (greedy decoding is deterministic), per split:
     its rate, and the interval by task over the same outcomes (one attempt a task). An evaluation stored
     by an earlier identical one is resumed, so a rerun of the bench costs nothing here."""
-    from lego.pipeline.learning import rate_of, rate_with_tasks
+    from lego.pipeline.learning import rate_by_task, rate_of
 
     arm_extra = [*arm_extra, "eval.temperature=0"]
     config = load_config(name, arm_extra)
@@ -257,6 +257,7 @@ def greedy_rates(name: str, arm_extra: list[str], policy: list[str], splits: tup
             report = next(iter(evaluation["harnesses"].values()))["report"]
             resolved, attempts = report["resolved"], report["attempts"]
             if attempts:
-                one_each = [[1, 1]] * resolved + [[0, 1]] * (attempts - resolved)  # one attempt per task
-                rates[split] = rate_with_tasks(rate_of(resolved, attempts, confidence), one_each, confidence)
+                by_task = {task: [counts["resolved"], counts["attempts"]]
+                           for task, counts in sorted(report.get("per_task", {}).items())}
+                rates[split] = rate_by_task(rate_of(resolved, attempts, confidence), by_task, confidence)
     return rates

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lego.evaluate.stats import wilson_interval
+from lego.evaluate.stats import mean_interval, sign_test_p, wilson_interval
 from lego.pipeline.artifacts import StageResult
 from lego.pipeline.manifest import RunManifest
 
@@ -54,8 +54,8 @@ def _rate(resolved: float | None, attempts: float | None, confidence: float) -> 
             "low": low, "high": high}
 
 
-def _per_task(path: Path) -> list[list[int]] | None:
-    """[resolved, attempts] per task from an evaluation's outcomes file (infra failures left out, as in its
+def _per_task(path: Path) -> dict[str, list[int]] | None:
+    """[resolved, attempts] by task id from an evaluation's outcomes file (infra failures left out, as in its
     report); None when the file is missing or unreadable."""
     try:
         rows = json.loads(path.read_text())
@@ -67,18 +67,52 @@ def _per_task(path: Path) -> list[list[int]] | None:
                 count[1] += 1
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    return [counts[task] for task in sorted(counts)]
+    return {task: counts[task] for task in sorted(counts)}
 
 
 def rate_with_tasks(rate: dict[str, Any] | None, per_task: list[list[int]] | None,
-                confidence: float) -> dict[str, Any] | None:
+                    confidence: float, task_ids: list[str] | None = None) -> dict[str, Any] | None:
     """`rate` plus its tasks: how many were attempted and solved at least once, and the interval with each task as
-    one observation (`task_low`, `task_high`), the one to read a change against when attempts repeat tasks."""
+    one observation (`task_low`, `task_high`), the one to read a change against when attempts repeat tasks.
+    `task_ids` (aligned with `per_task`) let two rates of the same tasks be compared task by task (`paired_change`)."""
     if rate is None or not per_task or sum(attempts for _, attempts in per_task) != rate["attempts"]:
         return rate
     low, high = task_clustered_interval([(resolved, attempts) for resolved, attempts in per_task], confidence)
+    ids = {"task_ids": list(task_ids)} if task_ids is not None and len(task_ids) == len(per_task) else {}
     return {**rate, "tasks": len(per_task), "tasks_solved": sum(1 for resolved, _ in per_task if resolved),
-            "task_low": low, "task_high": high, "per_task": per_task}
+            "task_low": low, "task_high": high, "per_task": per_task, **ids}
+
+
+def rate_by_task(rate: dict[str, Any] | None, by_task: dict[str, list[int]] | None,
+                 confidence: float) -> dict[str, Any] | None:
+    """`rate_with_tasks` from [resolved, attempts] by task id; tasks with no graded attempt left out."""
+    counted = {task: count for task, count in (by_task or {}).items() if count[1] > 0}
+    return rate_with_tasks(rate, list(counted.values()) or None, confidence, list(counted))
+
+
+def paired_change(before: dict[str, Any], after: dict[str, Any], confidence: float = 0.95) -> dict[str, Any] | None:
+    """The change from `before` to `after` measured task by task, on the tasks both evaluated.
+
+    Both rates share their tasks, and a task's difficulty is most of what decides it: comparing each task with
+    itself removes that shared part, which the interval of either rate alone still holds. `rise` is the mean over
+    tasks of (rate after - rate before), with a normal interval over tasks as observations (`low`, `high`); `up`
+    and `down` count the tasks whose rate rose or fell, and `sign_p` is the two-sided sign test's p-value over
+    them. None without task ids on both sides or with fewer than two shared tasks.
+    """
+    if "task_ids" not in before or "task_ids" not in after:
+        return None
+    rates_before = {task: resolved / attempts for task, (resolved, attempts)
+                    in zip(before["task_ids"], before["per_task"], strict=True)}
+    rates_after = {task: resolved / attempts for task, (resolved, attempts)
+                   in zip(after["task_ids"], after["per_task"], strict=True)}
+    shared = sorted(set(rates_before) & set(rates_after))
+    if len(shared) < 2:
+        return None
+    changes = [rates_after[task] - rates_before[task] for task in shared]
+    low, high = mean_interval(changes, confidence)
+    up, down = sum(1 for change in changes if change > 0), sum(1 for change in changes if change < 0)
+    return {"tasks": len(shared), "rise": sum(changes) / len(changes), "low": low, "high": high, "up": up,
+            "down": down, "sign_p": sign_test_p(up, down)}
 
 
 def _eval_rate(result: StageResult, split: str, confidence: float) -> dict[str, Any] | None:
@@ -86,7 +120,7 @@ def _eval_rate(result: StageResult, split: str, confidence: float) -> dict[str, 
     prefix, suffix = ("", "") if split == "eval" else (f"{split}.", f"-{split}")
     rate = _rate(result.metrics.get(f"{prefix}resolved"), result.metrics.get(f"{prefix}attempts"), confidence)
     outcomes = result.outputs.get(f"eval_outcomes{suffix}") or str(result.dir / f"outcomes{suffix}.json")
-    return rate_with_tasks(rate, _per_task(Path(outcomes)), confidence)
+    return rate_by_task(rate, _per_task(Path(outcomes)), confidence)
 
 
 def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str, Any]:
@@ -220,7 +254,8 @@ def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
         if rate:
             rows.append({"arm": arm, "seed": seed, "split": split, "phase": phase,
                          **{name: rate[name] for name in ("resolved", "attempts", "rate", "low", "high", "tasks",
-                                                          "tasks_solved", "task_low", "task_high", "per_task")
+                                                          "tasks_solved", "task_low", "task_high", "per_task",
+                                                          "task_ids")
                             if name in rate}})
 
     for run in runs:
@@ -245,14 +280,18 @@ def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
             # each seed's tasks are observations of their own: a seed's policy differs
             per_task = [count for row in seeds for count in row.get("per_task", [])] \
                 if all("per_task" in row for row in seeds) else None
-            add(arm, "all", split, phase, rate_with_tasks(rate, per_task, confidence))
+            task_ids = [f"{row['seed']}/{task}" for row in seeds for task in row.get("task_ids", [])] \
+                if all("task_ids" in row for row in seeds) else None
+            add(arm, "all", split, phase, rate_with_tasks(rate, per_task, confidence, task_ids))
     return rows
 
 
-def seed_rises(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def seed_rises(rows: list[dict[str, Any]], confidence: float = 0.95) -> list[dict[str, Any]]:
     """Per arm and split: in how many seeds the rate after RL lies above the interval of the rate before it, by
     task (attempts at one task are not independent: the interval to read a change against) and per attempt. The
-    issue's bar for learning is the held-out split's rise beyond the warm start's interval in most seeds."""
+    issue's bar for learning is the held-out split's rise beyond the warm start's interval in most seeds.
+    Beside it, the paired reading (`paired_change`): each task after against itself before, and in how many seeds
+    that interval lies above zero."""
     found: dict[tuple[str, str], list[dict[str, Any]]] = {}
     by_key = {(row["arm"], row["seed"], row["split"], row["phase"]): row for row in rows if row["seed"] != "all"}
     for (arm, seed, split, phase), after in by_key.items():
@@ -262,10 +301,13 @@ def seed_rises(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         found.setdefault((arm, split), []).append({
             "seed": seed, "before": before["rate"], "after": after["rate"], "rise": after["rate"] - before["rate"],
             "above_per_attempt": after["rate"] > before["high"],
-            "above_by_task": after["rate"] > before["task_high"] if "task_high" in before else None})
+            "above_by_task": after["rate"] > before["task_high"] if "task_high" in before else None,
+            "paired": paired_change(before, after, confidence)})
     return [{"arm": arm, "split": split, "seeds": len(seeds),
              "above_by_task": sum(1 for seed in seeds if seed["above_by_task"]),
              "by_task_known": sum(1 for seed in seeds if seed["above_by_task"] is not None),
+             "paired_above_zero": sum(1 for seed in seeds if seed["paired"] and seed["paired"]["low"] > 0),
+             "paired_known": sum(1 for seed in seeds if seed["paired"]),
              "above_per_attempt": sum(1 for seed in seeds if seed["above_per_attempt"]), "per_seed": seeds}
             for (arm, split), seeds in found.items()]
 
@@ -279,6 +321,12 @@ def format_rises(rises: list[dict[str, Any]]) -> str:
         lines.append(f"{rise['arm']} {rise['split']}: after RL above the interval before it by task in {by_task}, "
                      f"per attempt in {rise['above_per_attempt']} of {rise['seeds']} (rises "
                      + ", ".join(f"{seed['rise']:+.3f}" for seed in rise["per_seed"]) + ")")
+        if rise.get("paired_known"):
+            lines.append(f"{rise['arm']} {rise['split']}: task by task, the rise's interval above zero in "
+                         f"{rise['paired_above_zero']} of {rise['paired_known']} seeds ("
+                         + ", ".join(f"{paired['rise']:+.3f} [{paired['low']:+.3f}, {paired['high']:+.3f}], "
+                                     f"{paired['up']} tasks up, {paired['down']} down"
+                                     for seed in rise["per_seed"] if (paired := seed["paired"])) + ")")
     return "\n".join(lines)
 
 
