@@ -24,6 +24,7 @@ from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.learning import (
     before_after,
     bench_table,
+    format_markdown,
     format_rises,
     format_table,
     learning_curve,
@@ -270,6 +271,10 @@ def test_a_rise_inside_the_interval_before_it_can_still_be_clear_task_by_task():
     assert seed["paired"]["rise"] == pytest.approx(11 / 192)
     assert seed["paired"]["sign_p"] == pytest.approx(2 / 2**11)
     assert "the rise's interval above zero in 1 of 1 seeds" in format_rises([rise])
+    markdown = format_markdown(bench_table(runs, []))
+    assert "| success_mass | held-out tasks | 1 | 32/192, 0.167 [" in markdown  # the interval by task
+    assert "| 43/192, 0.224 [" in markdown and "**" not in markdown  # inside the interval before it: not bold
+    assert "| +0.057 [+0.0" in markdown and ", 11 up, 0 down |" in markdown
     # the same counts with the gains and losses balanced: no clear change
     mixed = [[2, 2]] * 4 + [[1, 2]] * 8 + [[2, 2]] * 8 + [[1, 2]] * 3 + [[0, 2]] * 73
     runs[0]["rates"]["after"]["eval"] = rate_with_tasks(rate_of(43, 192), mixed, 0.95, tasks)
@@ -356,6 +361,8 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
     assert result["warmstart_differs"] == []  # every arm of a seed started from the same warm start
     assert {(rise["arm"], rise["split"]): rise["above_per_attempt"] for rise in result["rises"]}["grpo", "train"] == 2
     assert "after RL above the interval before it" in Path(result["reports"], "learn_arms.txt").read_text()
+    markdown = Path(result["reports"], "learn_arms.md").read_text()
+    assert "| grpo greedy | held-out tasks | 1 | 0/8, 0.000 [" in markdown and "| **5/8, 0.625** [" in markdown
 
 
 def test_the_bench_says_when_an_arm_did_not_start_from_the_seeds_warm_start(tmp_path, monkeypatch):

@@ -116,6 +116,7 @@ def _single_run(name: str, extra: list[str]) -> dict[str, Any]:
 def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> dict[str, Any]:
     from lego.pipeline.learning import (
         bench_table,
+        format_markdown,
         format_rises,
         format_table,
         plot_bench,
@@ -164,6 +165,7 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
                                     if run.get("warmstart_differs_from")]}
     (reports / "learn_arms.json").write_text(json.dumps(result, indent=2, default=str))
     (reports / "learn_arms.txt").write_text(table + "\n")
+    (reports / "learn_arms.md").write_text(format_markdown(rows, confidence) + "\n")
     _say("\n" + table)
     return result
 

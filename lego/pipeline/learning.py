@@ -344,6 +344,34 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+SPLIT_NAMES = {"train": "training tasks", "eval": "held-out tasks"}
+
+
+def format_markdown(rows: list[dict[str, Any]], confidence: float = 0.95) -> str:
+    """The table as Markdown, one line per arm x split x seed: the rate before and after with its interval (by task
+    where the row has one), the after in bold where it lies above that interval of the before, and the change task
+    by task (`paired_change`). What the README and a closing note show."""
+    def cell(row: dict[str, Any] | None, bold: bool = False) -> str:
+        if row is None:
+            return "-"
+        low, high = (row["task_low"], row["task_high"]) if "task_low" in row else (row["low"], row["high"])
+        figure = f"{row['resolved']}/{row['attempts']}, {row['rate']:.3f}"
+        return f"**{figure}** [{low:.3f}, {high:.3f}]" if bold else f"{figure} [{low:.3f}, {high:.3f}]"
+
+    by_key = {(row["arm"], row["seed"], row["split"], row["phase"]): row for row in rows}
+    lines = [f"| arm | split | seed | before | after | change, task by task ({int(confidence * 100)}% interval) |",
+             "|---|---|---|---|---|---|"]
+    for arm, seed, split in dict.fromkeys((row["arm"], row["seed"], row["split"]) for row in rows):
+        before, after = by_key.get((arm, seed, split, "before")), by_key.get((arm, seed, split, "after"))
+        above = bool(before and after and after["rate"] > before.get("task_high", before["high"]))
+        change = paired_change(before, after, confidence) if before and after and seed != "all" else None
+        paired = (f"{change['rise']:+.3f} [{change['low']:+.3f}, {change['high']:+.3f}], {change['up']} up, "
+                  f"{change['down']} down" if change else "-")
+        lines.append(f"| {arm} | {SPLIT_NAMES.get(split, split)} | {seed} | {cell(before)} | {cell(after, above)} "
+                     f"| {paired} |")
+    return "\n".join(lines)
+
+
 def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float = 0.95) -> Path:
     """One panel per split: per arm, each seed's resolved rate before (hollow) and after (filled) RL with its
     interval by task where the row has one (attempts at one task are not independent: the interval `seed_rises`
