@@ -18,7 +18,8 @@ rate at the sampling temperature is every arm's `before`. And each arm's last po
 held-out split (the rows `ARM greedy`, before: the warm start at greedy decoding): RL that only sharpens the warm
 start's distribution raises the rate at the sampling temperature as a lower temperature would, not this one. The result: a row per arm x seed x split x phase (resolved,
 attempts, rate, Wilson interval; tasks solved and the interval by task, as attempts at one task are not
-independent), the seeds pooled, the table as text and a plot, and each seed's warm start curve (its loss and token
+independent), the seeds pooled, the change of each arm and seed read task by task (the same tasks before and
+after), the table as text and as Markdown and a plot, and each seed's warm start curve (its loss and token
 accuracy per step) as a second plot, written under <work dir>/reports/bench-learn-<time>/.
 A benchmark, not a test: hours at full size on a small machine.
 """
