@@ -326,9 +326,15 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
         per_task = {f"task-{n}": {"attempts": 1, "resolved": int(n < resolved), "infra_errors": 0} for n in range(8)}
         per_task["task-8"] = {"attempts": 0, "resolved": 0, "infra_errors": 1}
         report = {"resolved": resolved, "attempts": 8, "per_task": per_task}
-        return 0, json.dumps({"harnesses": {"mini-swe-agent": {"report": report}}}), 1.0
+        data_run_id = f"eval-mini-swe-agent-{len(commands)}"
+        return 0, json.dumps({"harnesses": {"mini-swe-agent": {"report": report, "data_run_id": data_run_id}}}), 1.0
+
+    def failure_parts(work_dir, config, data_run_id):  # what lego.bench.failures reads from the stored evaluation
+        assert Path(work_dir).name in ("seed-0", "seed-1") and data_run_id.startswith("eval-mini-swe-agent-")
+        return {"resolved": 5, "function and body, not the path": 3}
 
     monkeypatch.setattr(bench, "_child", child)
+    monkeypatch.setattr("lego.bench.failures.failure_parts", failure_parts)
     result = bench.bench_learn(None, None, config="family", arms="sft,grpo", seeds="0,1",
                                overrides=f"project.work_dir={base} tasks.limit=2")
     # per seed: the first arm's run, its warm start at greedy decoding on both splits, its last policy at greedy
@@ -361,6 +367,9 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
     assert result["warmstart_differs"] == []  # every arm of a seed started from the same warm start
     assert {(rise["arm"], rise["split"]): rise["above_per_attempt"] for rise in result["rises"]}["grpo", "train"] == 2
     assert "after RL above the interval before it" in Path(result["reports"], "learn_arms.txt").read_text()
+    assert result["runs"][1]["greedy_after"]["eval"]["failures"]["function and body, not the path"] == 3
+    assert "seed 1 grpo: resolved 5, function and body, not the path 3" in \
+        Path(result["reports"], "learn_arms.txt").read_text()
     markdown = Path(result["reports"], "learn_arms.md").read_text()
     assert "| grpo greedy | held-out tasks | 1 | 0/8, 0.000 [" in markdown and "| **5/8, 0.625** [" in markdown
 
@@ -392,3 +401,56 @@ def test_the_run_summary_states_the_held_out_rate_before_and_after_rl_and_draws_
     lines = learning_lines(crafted_manifest("r", before=(2, 1), after=(6, 5)), {"sampling": {"temperature": 0.5}})
     (held,) = [line for line in lines if line.startswith("held-out tasks")]
     assert "1/8 = 12%" in held and "5/8 = 62%" in held and "transfer" not in held
+
+
+def test_a_family_evaluations_failures_are_split_by_the_parts_of_the_command_they_wrote(tmp_path):
+    """Stored through the real writer: five attempts at family tasks, one resolved and four failed, each with the
+    first reply a policy could write (a parsed tool call, raw text that did not parse, an Anthropic tool_use)."""
+    from lego import records
+    from lego.bench.failures import command_parts, failure_parts, reply_text
+    from lego.data.writer import DatasetWriter
+
+    tasks = [task for task in family_tasks("constants", 0) if task.split == "eval"][:5]
+    parts = [command_parts(task.provenance["gold_command"]) for task in tasks]
+    assert all(parts) and parts[0]["path"] == tasks[0].provenance["fixed_files"][0]
+    assert parts[0]["function"] == tasks[0].provenance["function"] and str(tasks[0].provenance["value"]) in \
+        parts[0]["body"]
+    assert command_parts("git diff") is None
+
+    def tool_call(command: str) -> str:
+        return json.dumps({"role": "assistant", "content": "I will apply the fix.", "tool_calls": [
+            {"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]})
+
+    def sed(part: dict, path: str) -> str:
+        return f"sed -i '/def {part['function']}/,/^$/s/retu.*/{part['body']}/' {path} && git diff"
+
+    replies = [
+        tool_call(sed(parts[0], parts[0]["path"])),  # resolved
+        tool_call(sed(parts[1], "appconf perform:")),  # the path garbled
+        json.dumps({"role": "assistant", "content": "<tool_call>\n" + sed(parts[2], parts[2]["path"]) + "\n{{"}),
+        json.dumps({"role": "assistant", "content": [{"type": "tool_use", "name": "bash", "input": {
+            "command": f"sed -i '/def {parts[3]['function']}/d' x.py"}}]}),  # the function alone
+        json.dumps({"role": "assistant", "content": "bash bash bash"}),
+    ]
+    assert parts[1]["body"] in reply_text(replies[1]) and "I will apply the fix." in reply_text(replies[1])
+    assert f"def {parts[3]['function']}" in reply_text(replies[3])
+    work = WorkDir.create(tmp_path / "work")
+    config = crafted_config(tmp_path / "work")
+    run_id = "eval-mini-swe-agent-0123456789ab"
+    writer = DatasetWriter(work, run_id)
+    writer.append_tasks(tasks)
+    trajectories = []
+    for index, (task, reply) in enumerate(zip(tasks, replies, strict=True)):
+        call = records.LLMCall(call_index=0, protocol="openai_chat", started_at=1_800_000_000.0, latency_s=0.2,
+                               prompt_tokens=20, completion_tokens=8, finish_reason="stop", segment_index=0,
+                               kind="start", reply_json=reply)
+        trajectories.append(records.Trajectory(
+            rollout_id=f"{run_id}.{task.instance_id}.0", task_id=task.instance_id, harness="mini-swe-agent",
+            policy_version=1, iteration=0, sample_index=index, segments=[], calls=[call],
+            termination=records.TerminationReason.completed, harness_log=""))
+    writer.append_trajectories(trajectories, stage="evaluate")
+    grade(work, run_id, 0, trajectories, [R, U, U, U, U], "evaluate-verify")
+    counts = failure_parts(work.root, config, run_id)
+    assert counts == {"resolved": 1, "all three": 1, "function and body, not the path": 1, "function only": 1,
+                      "none of them": 1, "other": 0, "infra_error": 0}
+    assert failure_parts(work.root, config, "eval-mini-swe-agent-nothing") is None

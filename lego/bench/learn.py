@@ -155,6 +155,8 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
     rows = bench_table(runs, warmstarts, confidence)
     rises = seed_rises(rows, confidence)
     table = format_table(rows) + "\n\n" + format_rises(rises)
+    if failures := format_failures(runs, warmstarts):
+        table += "\n\n" + failures
     png = plot_bench(rows, reports / "learn_arms.png", confidence)
     warm_png = plot_warmstart_curves({f"seed {warm['seed']}": warm["curve"] for warm in warmstarts
                                       if warm.get("curve")}, reports / "warmstart_curves.png")
@@ -244,6 +246,7 @@ def greedy_rates(name: str, arm_extra: list[str], policy: list[str], splits: tup
     """`lego eval` of `policy` at temperature 0, one attempt per task (greedy decoding is deterministic), per split:
     its rate, and the interval by task over the same outcomes (one attempt a task). An evaluation stored
     by an earlier identical one is resumed, so a rerun of the bench costs nothing here."""
+    from lego.bench.failures import failure_parts
     from lego.pipeline.learning import rate_by_task, rate_of
 
     arm_extra = [*arm_extra, "eval.temperature=0"]
@@ -263,4 +266,21 @@ def greedy_rates(name: str, arm_extra: list[str], policy: list[str], splits: tup
                 by_task = {task: [counts["resolved"], counts["attempts"]]
                            for task, counts in sorted(report.get("per_task", {}).items())}
                 rates[split] = rate_by_task(rate_of(resolved, attempts, confidence), by_task, confidence)
+                data_run_id = next(iter(evaluation["harnesses"].values())).get("data_run_id")
+                failures = failure_parts(config.project.work_dir, config, data_run_id) if data_run_id else None
+                if rates[split] is not None and failures:
+                    rates[split] = {**rates[split], "failures": failures}
     return rates
+
+
+def format_failures(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]]) -> str:
+    """Per seed, the held-out failures at greedy decoding by what their first reply wrote of the task's command
+    (lego.bench.failures): the warm start's, then each arm's last policy's."""
+    entries = [(f"seed {warm['seed']} warm start", ((warm.get("greedy") or {}).get("eval") or {}).get("failures"))
+               for warm in warmstarts]
+    entries += [(f"seed {run['seed']} {run['arm']}", ((run.get("greedy_after") or {}).get("eval") or {})
+                 .get("failures")) for run in runs]
+    lines = [f"{name}: " + ", ".join(f"{label} {count}" for label, count in failures.items() if count)
+             for name, failures in entries if failures]
+    return "held-out failures at greedy decoding, by what the first reply wrote of the task's command:\n" + \
+        "\n".join(lines) if lines else ""
