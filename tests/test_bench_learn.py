@@ -16,7 +16,8 @@ from lego.bench import learn as bench
 from lego.config import load_config
 from lego.engine.checkpoint import tiny_model_fingerprint
 from lego.engine.tokenizer import load_tokenizer
-from lego.evaluate.stats import mean_interval, sign_test_p, wilson_interval
+from lego.evaluate.paired import mean_interval, sign_test_p
+from lego.evaluate.stats import wilson_interval
 from lego.harness.base import get_harness
 from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.attempts import gold_command

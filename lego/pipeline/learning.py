@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lego.evaluate.stats import mean_interval, sign_test_p, wilson_interval
+from lego.evaluate.paired import mean_interval, sign_test_p
+from lego.evaluate.stats import wilson_interval
 from lego.pipeline.artifacts import StageResult
 from lego.pipeline.manifest import RunManifest
 
