@@ -118,6 +118,12 @@ STAGES_RUNNING: dict[str, frozenset[str]] = {
     "lego/tasksets/task.py": ALL_STAGES,  # every stage reads or writes tasks
     "lego/evaluate/report.py": EVALUATES,
     "lego/evaluate/compare.py": NONE,  # `lego compare`
+    # the learning bench's report (paired statistics, tables, the failure split) reads what stages stored: editing
+    # it must not rerun the hours of stages it reports on
+    "lego/evaluate/paired.py": NONE,
+    "lego/pipeline/learning.py": NONE,
+    "lego/bench/learn.py": NONE,
+    "lego/bench/failures.py": NONE,
     "lego/pipeline/evaluation_tracking.py": NONE,  # `lego eval` in MLflow: no stage's result depends on it
     "lego/track/traces.py": NONE,  # MLflow records what stages computed; no stage computes with it
     "lego/ui/app.py": NONE,
