@@ -185,6 +185,21 @@ def test_the_table_has_a_row_per_arm_seed_split_and_phase_the_greedy_warm_start_
 
 
 
+def test_the_table_groups_rows_by_arm_with_seeds_ascending_whatever_order_the_runs_finished_in():
+    def run(arm: str, seed: int) -> dict:
+        return {"arm": arm, "seed": seed, "rates": before_after(learning_curve(
+            crafted_manifest(f"{arm}-{seed}", before=(2, 0), after=(3, 1))))}
+
+    # the bench runs seed by seed, every arm within a seed, and a resumed bench may start at any seed
+    runs = [run(arm, seed) for seed in (1, 2, 0) for arm in ("sft", "grpo")]
+    greedy = {"train": {"resolved": 4, "attempts": 8, "rate": 0.5, "low": 0.2, "high": 0.8}, "eval": None}
+    rows = bench_table(runs, [{"seed": seed, "greedy": greedy} for seed in (2, 0, 1)])
+    order = list(dict.fromkeys((row["arm"], row["seed"]) for row in rows))
+    assert order == [("sft", 0), ("sft", 1), ("sft", 2), ("grpo", 0), ("grpo", 1), ("grpo", 2),
+                     ("warmstart-greedy", 0), ("warmstart-greedy", 1), ("warmstart-greedy", 2),
+                     ("sft", "all"), ("grpo", "all"), ("warmstart-greedy", "all")]
+
+
 def test_the_interval_by_task_widens_when_each_task_is_solved_in_all_its_attempts_or_none():
     # 9 of 32 tasks solved in every one of 16 attempts: 144/512 attempts, but 32 observations
     clustered = [(16, 16)] * 9 + [(0, 16)] * 23

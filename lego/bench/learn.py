@@ -158,7 +158,8 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
     if failures := format_failures(runs, warmstarts):
         table += "\n\n" + failures
     png = plot_bench(rows, reports / "learn_arms.png", confidence)
-    warm_png = plot_warmstart_curves({f"seed {warm['seed']}": warm["curve"] for warm in warmstarts
+    warm_png = plot_warmstart_curves({f"seed {warm['seed']}": warm["curve"]
+                                      for warm in sorted(warmstarts, key=lambda warm: warm["seed"])
                                       if warm.get("curve")}, reports / "warmstart_curves.png")
     result = {"config": name, "overrides": extra, "arms": arms, "seeds": seeds, "confidence": confidence,
               "wall_s": round(time.monotonic() - started, 1), "reports": str(reports), "plot": str(png),

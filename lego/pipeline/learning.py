@@ -248,8 +248,12 @@ def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
     then one per seed x split for the warm start at greedy decoding (arm `warmstart-greedy`, phase `before`), then
     per arm whose last policy was evaluated at greedy decoding (`greedy_after`) the arm `ARM greedy`: before is the
     seed's warm start at greedy decoding, after is that policy; then the seeds pooled (seed `all`: the counts
-    summed, the interval over them)."""
+    summed, the interval over them). Rows come grouped by arm (in the order the arms first appear), seeds in
+    ascending order within each, whatever order the runs finished in."""
     rows: list[dict[str, Any]] = []
+    arm_order = {arm: index for index, arm in enumerate(dict.fromkeys(run["arm"] for run in runs))}
+    runs = sorted(runs, key=lambda run: (arm_order[run["arm"]], _seed_order(run["seed"])))
+    warmstarts = sorted(warmstarts, key=lambda warm: _seed_order(warm["seed"]))
 
     def add(arm: str, seed: int | str, split: str, phase: str, rate: dict[str, Any] | None) -> None:
         if rate:
@@ -285,6 +289,10 @@ def bench_table(runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]],
                 if all("task_ids" in row for row in seeds) else None
             add(arm, "all", split, phase, rate_with_tasks(rate, per_task, confidence, task_ids))
     return rows
+
+
+def _seed_order(seed: int | str) -> tuple[int, int | str]:
+    return (0, seed) if isinstance(seed, int) else (1, str(seed))
 
 
 def seed_rises(rows: list[dict[str, Any]], confidence: float = 0.95) -> list[dict[str, Any]]:
@@ -376,20 +384,28 @@ def format_markdown(rows: list[dict[str, Any]], confidence: float = 0.95) -> str
 def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float = 0.95) -> Path:
     """One panel per split: per arm, each seed's resolved rate before (hollow) and after (filled) RL with its
     interval by task where the row has one (attempts at one task are not independent: the interval `seed_rises`
-    reads a rise against), else its per-attempt Wilson interval; the warm start at greedy decoding as its own
-    column."""
+    reads a rise against), else its per-attempt Wilson interval. A panel shows only the arms it has rows for; the
+    warm start at greedy decoding has a column of its own only in a panel where no `ARM greedy` column already
+    shows it as its before."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     seeded = [row for row in rows if row["seed"] != "all"]
-    arms = list(dict.fromkeys(row["arm"] for row in seeded))
-    seeds = sorted({row["seed"] for row in seeded}, key=str)
-    figure, axes = plt.subplots(1, len(SPLITS), figsize=(5 + 1.2 * len(arms), 4), sharey=True, squeeze=False)
+    seeds = sorted({row["seed"] for row in seeded}, key=_seed_order)
+    columns: dict[str, list[str]] = {}
+    for split in SPLITS:
+        arms = list(dict.fromkeys(row["arm"] for row in seeded if row["split"] == split))
+        if any(arm.endswith(" greedy") for arm in arms):
+            arms = [arm for arm in arms if arm != "warmstart-greedy"]
+        columns[split] = arms
+    widest = max((len(arms) for arms in columns.values()), default=1)
+    figure, axes = plt.subplots(1, len(SPLITS), figsize=(4 + 2.4 * widest, 4.2), sharey=True, squeeze=False)
     width = 0.8 / max(1, 2 * len(seeds))
     top = min(1.02, max((row.get("task_high", row["high"]) for row in seeded), default=1.0) + 0.08)
     for axis, split in zip(axes[0], SPLITS, strict=True):
+        arms = columns[split]
         for arm_index, arm in enumerate(arms):
             for seed_index, seed in enumerate(seeds):
                 for phase_index, phase in enumerate(PHASES):
@@ -406,9 +422,9 @@ def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float =
                                   markerfacecolor="white" if phase == "before" else f"C{seed_index}",
                                   label=f"seed {seed} {phase}")
         axis.set_xticks(range(len(arms)))
-        axis.set_xticklabels(arms, rotation=20, fontsize=8)
+        axis.set_xticklabels([_column_label(arm) for arm in arms], fontsize=8)
         axis.set_title(f"{split} split" + (" (held out)" if split == "eval" else " (training tasks)"))
-        axis.set_xlim(-0.5, len(arms) - 0.5)
+        axis.set_xlim(-0.5, max(1, len(arms)) - 0.5)
         axis.set_ylim(-0.02, top)
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"resolved rate ({int(confidence * 100)}% interval, by task)")
@@ -416,8 +432,15 @@ def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float =
     unique = dict(zip(labels, handles, strict=True))
     if unique:
         axes[0][-1].legend(unique.values(), unique.keys(), loc="best", fontsize=7)
-    figure.suptitle("lego bench learn: before (hollow) and after (filled) RL, per arm and seed", fontsize=9)
+    figure.suptitle("lego bench learn: before (hollow) and after (filled) RL, per arm and seed\n"
+                    "(greedy) columns: the warm start and the arm's last policy at greedy decoding", fontsize=9)
     return _save(figure, path)
+
+
+def _column_label(arm: str) -> str:
+    if arm == "warmstart-greedy":
+        return "warm start\n(greedy)"
+    return arm.removesuffix(" greedy") + "\n(greedy)" if arm.endswith(" greedy") else arm
 
 
 def warmstart_curve(steps_path: str | Path) -> list[dict[str, float]]:
