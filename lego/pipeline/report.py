@@ -75,6 +75,9 @@ def _dataset(m: dict[str, float]) -> str:
 
 
 def _train(m: dict[str, float]) -> str:
+    if m.get("trained") and "groups" not in m:  # `train.adv_estimator: sft`: the demonstrations, no groups
+        return (f"{_int(m, 'optimizer_steps')} optimizer step(s) on {_int(m, 'sequences')} demonstrations, "
+                f"loss {m.get('loss', 0.0):.4f}")
     signal = f"{_int(m, 'groups_with_signal')} of {_int(m, 'groups')} groups with signal"
     if not m.get("trained"):
         return f"{signal}; no update"
