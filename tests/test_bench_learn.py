@@ -23,11 +23,13 @@ from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.attempts import gold_command
 from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.learning import (
+    arm_seconds,
     before_after,
     bench_table,
     format_markdown,
     format_rises,
     format_table,
+    format_times,
     learning_curve,
     plot_bench,
     rate_of,
@@ -164,6 +166,33 @@ def test_before_and_after_come_from_the_baseline_and_the_last_evaluation():
         {"before": {"train": 2, "eval": 0}, "after": {"train": 6, "eval": 1}}
     low, high = wilson_interval(6, 8, 0.95)
     assert rates["after"]["train"] == {"resolved": 6, "attempts": 8, "rate": 0.75, "low": low, "high": high}
+
+
+def test_an_arms_time_counts_its_own_stages_as_computed_whether_or_not_this_run_found_them_cached():
+    """A resumed bench serves most stages from the cache: its wall time says nothing of what an arm costs. Each stage
+    keeps the seconds it took when computed, and the arm's time sums its own (not its seed's shared warm start and
+    its evaluation)."""
+    manifest = crafted_manifest("r", before=(2, 0), after=(6, 1))
+    took = {"warmstart": 1800.0, "baseline": 1200.0, "verify/0": 200.0, "train/0": 100.0, "verify/1": 180.0,
+            "train/1": 120.0, "evaluate/1": 1000.0}
+    for label, result in manifest.stages.items():
+        result.seconds = took[label]
+        result.cached = label in ("warmstart", "baseline", "verify/0", "train/0")  # a rerun after a kill
+    curve = learning_curve(manifest)
+    assert curve["stage_seconds"] == {"warmstart": 0.0, "baseline": 0.0, "verify": 180.0, "train": 120.0,
+                                      "evaluate": 1000.0}
+    assert curve["computed_seconds"] == {"warmstart": 1800.0, "baseline": 1200.0, "verify": 380.0, "train": 220.0,
+                                         "evaluate": 1000.0}
+    assert arm_seconds(curve["computed_seconds"]) == 1600.0
+    runs = [{"arm": "grpo", "seed": 1, "computed_seconds": curve["computed_seconds"]},
+            {"arm": "grpo", "seed": 0, "computed_seconds": {**curve["computed_seconds"], "evaluate": 2000.0}},
+            {"arm": "sft", "seed": 0, "error": "exit 1"}]
+    assert format_times(runs).splitlines()[1:] == [
+        "grpo: seed 0 43.3 min, seed 1 26.7 min (the longest 43.3 min; its iterations and evaluations, the shared "
+        "stages apart)",
+        "seed 0, shared by its arms: warmstart 30.0 min, baseline 20.0 min",
+        "seed 1, shared by its arms: warmstart 30.0 min, baseline 20.0 min"]
+    assert format_times([{"arm": "sft", "seed": 0, "error": "exit 1"}]) == ""
 
 
 def test_the_table_has_a_row_per_arm_seed_split_and_phase_the_greedy_warm_start_and_pooled_seeds(tmp_path):
@@ -388,6 +417,8 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
         Path(result["reports"], "learn_arms.txt").read_text()
     markdown = Path(result["reports"], "learn_arms.md").read_text()
     assert "| grpo greedy | held-out tasks | 1 | 0/8, 0.000 [" in markdown and "| **5/8, 0.625** [" in markdown
+    assert result["runs"][0]["arm_seconds"] == 0.0  # the stand-in's stages took no time
+    assert "sft: seed 0 0.0 min, seed 1 0.0 min" in Path(result["reports"], "learn_arms.txt").read_text()
 
 
 def test_the_bench_says_when_an_arm_did_not_start_from_the_seeds_warm_start(tmp_path, monkeypatch):

@@ -20,7 +20,9 @@ start's distribution raises the rate at the sampling temperature as a lower temp
 attempts, rate, Wilson interval; tasks solved and the interval by task, as attempts at one task are not
 independent), the seeds pooled, the change of each arm and seed read task by task (the same tasks before and
 after), the table as text and as Markdown and a plot, and each seed's warm start curve (its loss and token
-accuracy per step) as a second plot, written under <work dir>/reports/bench-learn-<time>/.
+accuracy per step) as a second plot, written under <work dir>/reports/bench-learn-<time>/. And each arm's time as
+computed, from its stages' stored seconds: a resumed bench or an arm served from the cache reports what the arm
+costs from scratch, apart from the stages its seed's arms share (the warm start and its evaluation).
 A benchmark, not a test: hours at full size on a small machine.
 """
 
@@ -120,6 +122,7 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
         format_markdown,
         format_rises,
         format_table,
+        format_times,
         plot_bench,
         plot_warmstart_curves,
         seed_rises,
@@ -157,6 +160,8 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
     table = format_table(rows) + "\n\n" + format_rises(rises)
     if failures := format_failures(runs, warmstarts):
         table += "\n\n" + failures
+    if times := format_times(runs):
+        table += "\n\n" + times
     png = plot_bench(rows, reports / "learn_arms.png", confidence)
     warm_png = plot_warmstart_curves({f"seed {warm['seed']}": warm["curve"]
                                       for warm in sorted(warmstarts, key=lambda warm: warm["seed"])
@@ -177,7 +182,7 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
 def run_arm(name: str, arm: str, seed: int, extra: list[str], base_work: Path, reports: Path,
             confidence: float) -> dict[str, Any]:
     """One `lego run` of the config under `arm` at `seed`: its before/after rates, curve and times."""
-    from lego.pipeline.learning import before_after, learning_curve
+    from lego.pipeline.learning import arm_seconds, before_after, learning_curve
     from lego.pipeline.manifest import latest_run_id, load_manifest
 
     arm_extra = [*extra, *arm_overrides(arm, seed, base_work)]
@@ -201,7 +206,9 @@ def run_arm(name: str, arm: str, seed: int, extra: list[str], base_work: Path, r
                   "rollouts": [point.get("train_split") for point in curve["curve"] if point.get("train_split")],
                   "optimizer_steps": [int((point.get("train_step") or {}).get("optimizer_steps", 0))
                                       for point in curve["curve"] if "train_step" in point],
-                  "verdict": curve["verdict"], "stage_seconds": curve["stage_seconds"]})
+                  "verdict": curve["verdict"], "stage_seconds": curve["stage_seconds"],
+                  "computed_seconds": curve["computed_seconds"],
+                  "arm_seconds": arm_seconds(curve["computed_seconds"])})
     if warm is not None:
         entry["warmstart_key"] = warm.key
         entry["warmstart_policy"] = warm.data.get("policy_path")
@@ -209,9 +216,9 @@ def run_arm(name: str, arm: str, seed: int, extra: list[str], base_work: Path, r
         entry["warmstart"] = {key: warm.metrics.get(key) for key in
                               ("resolved_demonstrations", "demonstrations", "steps", "final_loss",
                                "final_token_accuracy")}
-    _say(f"arm {arm} seed {seed}: done in {wall:.0f} s; " + ", ".join(
-        f"{phase} {split} {rate['resolved']}/{rate['attempts']}" for phase in ("before", "after")
-        for split, rate in rates[phase].items() if rate))
+    _say(f"arm {arm} seed {seed}: done in {wall:.0f} s ({entry['arm_seconds'] / 60:.1f} min as computed); "
+         + ", ".join(f"{phase} {split} {rate['resolved']}/{rate['attempts']}" for phase in ("before", "after")
+                     for split, rate in rates[phase].items() if rate))
     return entry
 
 

@@ -5,7 +5,8 @@ Per policy (the warm start's, then the one after each RL iteration):
   rollouts iteration i sampled from policy i), and the `train.` metrics of an evaluation of that policy;
 - the eval split's resolved rate (`baseline` for the starting policy, `evaluate/i` after iteration i);
 - each with its attempt count and Wilson interval; GRPO groups with reward variance (signal) per iteration; the
-  train step's metrics; infra and cheat rates; the wall time of each stage.
+  train step's metrics; infra and cheat rates; the wall time of each stage, in this run (`stage_seconds`) and as
+  computed, cache or not (`computed_seconds`).
 """
 
 from __future__ import annotations
@@ -164,11 +165,14 @@ def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str,
             entry["eval_split"] = _eval_rate(result, "eval", confidence)
             entry["train_split_eval"] = _eval_rate(result, "train", confidence)
     seconds: dict[str, float] = {}
+    computed: dict[str, float] = {}
     for result in manifest.stages.values():
         seconds[result.stage] = round(seconds.get(result.stage, 0.0) + (0.0 if result.cached else result.seconds), 1)
+        # a stage served from cache keeps the seconds it took when computed: what the run costs from scratch
+        computed[result.stage] = round(computed.get(result.stage, 0.0) + result.seconds, 1)
     curve = [points[index] for index in sorted(points)]
     return {"run_id": manifest.run_id, "confidence": confidence, "curve": curve, "verdict": _verdict(curve),
-            "stage_seconds": seconds}
+            "stage_seconds": seconds, "computed_seconds": computed}
 
 
 def plot_learning_curve(curve: dict[str, Any], path: str | Path) -> Path:
@@ -336,6 +340,35 @@ def format_rises(rises: list[dict[str, Any]]) -> str:
                          + ", ".join(f"{paired['rise']:+.3f} [{paired['low']:+.3f}, {paired['high']:+.3f}], "
                                      f"{paired['up']} tasks up, {paired['down']} down"
                                      for seed in rise["per_seed"] if (paired := seed["paired"])) + ")")
+    return "\n".join(lines)
+
+
+# Computed once per seed and served from the cache to every arm of it: not an arm's own time.
+SHARED_STAGES = ("taskset", "warmstart", "filter", "baseline")
+
+
+def arm_seconds(computed_seconds: dict[str, float]) -> float:
+    """What one arm of one seed computes on its own (its iterations and its evaluations), from its stages'
+    computed seconds: the same whether this run computed a stage or found it in the cache."""
+    return round(sum(seconds for stage, seconds in computed_seconds.items() if stage not in SHARED_STAGES), 1)
+
+
+def format_times(runs: list[dict[str, Any]]) -> str:
+    """Per arm, each seed's arm time; per seed, the shared stages every arm of it starts from."""
+    timed = [run for run in runs if run.get("computed_seconds")]
+    if not timed:
+        return ""
+    lines = ["time as computed (each stage's own seconds, whether this bench computed it or found it in the cache):"]
+    for arm in dict.fromkeys(run["arm"] for run in timed):
+        seeds = sorted((run for run in timed if run["arm"] == arm), key=lambda run: _seed_order(run["seed"]))
+        minutes = [arm_seconds(run["computed_seconds"]) / 60 for run in seeds]
+        lines.append(f"{arm}: " + ", ".join(f"seed {run['seed']} {value:.1f} min" for run, value
+                                             in zip(seeds, minutes, strict=True))
+                     + f" (the longest {max(minutes):.1f} min; its iterations and evaluations, the shared stages apart)")
+    for seed in sorted(dict.fromkeys(run["seed"] for run in timed), key=_seed_order):
+        shared = next(run["computed_seconds"] for run in timed if run["seed"] == seed)
+        lines.append(f"seed {seed}, shared by its arms: " + ", ".join(
+            f"{stage} {shared[stage] / 60:.1f} min" for stage in SHARED_STAGES if shared.get(stage)))
     return "\n".join(lines)
 
 
