@@ -23,15 +23,18 @@ from lego.pipeline.artifacts import StageContext, StageResult
 from lego.pipeline.attempts import gold_command
 from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.learning import (
+    arm_contrasts,
     arm_seconds,
     before_after,
     bench_table,
+    format_contrasts,
     format_markdown,
     format_rises,
     format_table,
     format_times,
     learning_curve,
     plot_bench,
+    rate_by_task,
     rate_of,
     rate_with_tasks,
     seed_rises,
@@ -331,6 +334,33 @@ def test_a_rise_inside_the_interval_before_it_can_still_be_clear_task_by_task():
     assert rise["per_seed"][0]["paired"] is None and rise["paired_known"] == 0
 
 
+def test_the_last_arm_is_compared_with_each_other_arm_task_by_task_after_rl_per_seed_pooled_and_greedy():
+    """Beating its own start is not beating the baselines: the last arm's rate after RL against each other arm's,
+    on the same tasks of the same seed."""
+    def rate(solved: set[int]) -> dict:
+        by_task = {f"t{n}": [int(n in solved), 1] for n in range(8)}
+        return rate_by_task(rate_of(len(solved), 8), by_task, 0.95)
+
+    solved_after = {"rft": {0, 1, 2}, "success_mass": {0, 1, 2, 3, 4}}
+    runs = [{"arm": arm, "seed": seed, "rates": {"before": {"eval": rate({0})},
+                                                 "after": {"eval": rate(solved_after[arm])}},
+             "greedy_after": {"eval": rate(solved_after[arm] - {0})}}
+            for arm in ("rft", "success_mass") for seed in (0, 1)]
+    warm = [{"seed": seed, "greedy": {"eval": rate({0})}} for seed in (0, 1)]
+    contrasts = arm_contrasts(bench_table(runs, warm))
+    found = {(item["arm"], item["against"], item["seed"]): (item["up"], item["down"], item["tasks"])
+             for item in contrasts}
+    assert found == {("success_mass", "rft", 0): (2, 0, 8), ("success_mass", "rft", 1): (2, 0, 8),
+                     ("success_mass", "rft", "all"): (4, 0, 16),
+                     ("success_mass greedy", "rft greedy", 0): (2, 0, 8),
+                     ("success_mass greedy", "rft greedy", 1): (2, 0, 8),
+                     ("success_mass greedy", "rft greedy", "all"): (4, 0, 16)}
+    assert all(item["rise"] == pytest.approx(0.25) and item["split"] == "eval" for item in contrasts)
+    assert format_contrasts(contrasts).splitlines()[0].startswith(
+        "success_mass against rft after RL, held-out tasks, task by task: seed 0 +0.250 [")
+    assert arm_contrasts(bench_table(runs[:2], warm)) == []  # one arm: nothing to compare it with
+
+
 def test_the_sign_test_and_the_interval_of_a_mean():
     assert sign_test_p(0, 0) == 1.0 and sign_test_p(3, 3) == 1.0
     assert sign_test_p(9, 1) == pytest.approx(2 * 11 / 1024) == sign_test_p(1, 9)
@@ -418,6 +448,12 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
     markdown = Path(result["reports"], "learn_arms.md").read_text()
     assert "| grpo greedy | held-out tasks | 1 | 0/8, 0.000 [" in markdown and "| **5/8, 0.625** [" in markdown
     assert result["runs"][0]["arm_seconds"] == 0.0  # the stand-in's stages took no time
+    # the last arm against the others, where outcomes by task are known (the stand-in's greedy evaluations): the
+    # arms resolve the same tasks, so no task moves
+    assert {(item["arm"], item["against"], item["seed"], item["up"], item["down"]) for item in result["contrasts"]} \
+        == {("grpo greedy", "sft greedy", seed, 0, 0) for seed in (0, 1, "all")}
+    assert "grpo greedy against sft greedy after RL, held-out tasks, task by task: seed 0 +0.000" in \
+        Path(result["reports"], "learn_arms.txt").read_text()
     assert "sft: seed 0 0.0 min, seed 1 0.0 min" in Path(result["reports"], "learn_arms.txt").read_text()
 
 

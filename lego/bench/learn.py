@@ -118,7 +118,9 @@ def _single_run(name: str, extra: list[str]) -> dict[str, Any]:
 
 def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> dict[str, Any]:
     from lego.pipeline.learning import (
+        arm_contrasts,
         bench_table,
+        format_contrasts,
         format_markdown,
         format_rises,
         format_table,
@@ -157,7 +159,10 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
                                                                 confidence)
     rows = bench_table(runs, warmstarts, confidence)
     rises = seed_rises(rows, confidence)
+    contrasts = arm_contrasts(rows, confidence)
     table = format_table(rows) + "\n\n" + format_rises(rises)
+    if contrasts:
+        table += "\n\n" + format_contrasts(contrasts)
     if failures := format_failures(runs, warmstarts):
         table += "\n\n" + failures
     if times := format_times(runs):
@@ -169,7 +174,7 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
     result = {"config": name, "overrides": extra, "arms": arms, "seeds": seeds, "confidence": confidence,
               "wall_s": round(time.monotonic() - started, 1), "reports": str(reports), "plot": str(png),
               "warmstart_plot": str(warm_png),
-              "table": rows, "rises": rises, "runs": runs, "warmstart": warmstarts,
+              "table": rows, "rises": rises, "contrasts": contrasts, "runs": runs, "warmstart": warmstarts,
               "warmstart_differs": [f"{run['arm']} seed {run['seed']}" for run in runs
                                     if run.get("warmstart_differs_from")]}
     (reports / "learn_arms.json").write_text(json.dumps(result, indent=2, default=str))

@@ -325,6 +325,43 @@ def seed_rises(rows: list[dict[str, Any]], confidence: float = 0.95) -> list[dic
             for (arm, split), seeds in found.items()]
 
 
+GREEDY_SUFFIX = " greedy"  # bench_table's rows of an arm's last policy at greedy decoding: "ARM greedy"
+
+
+def arm_contrasts(rows: list[dict[str, Any]], confidence: float = 0.95) -> list[dict[str, Any]]:
+    """The last arm listed against each other arm, after RL, task by task on the same tasks of the same seed
+    (`paired_change` from the other arm to it): does the method beat its baselines, or only its own start? Per split
+    and seed, the seeds pooled (`all`: each seed's tasks as units of their own), and at greedy decoding the same
+    between the arms' `ARM greedy` rows."""
+    after = {(row["arm"], row["seed"], row["split"]): row for row in rows if row["phase"] == "after"}
+    arms = [arm for arm in dict.fromkeys(row["arm"] for row in rows if row["phase"] == "after")
+            if not arm.endswith(GREEDY_SUFFIX)]
+    if len(arms) < 2:
+        return []
+    reference = arms[-1]
+    contrasts = []
+    for suffix in ("", GREEDY_SUFFIX):
+        others = {other + suffix for other in arms[:-1]}
+        for (arm, seed, split), theirs in after.items():
+            ours = after.get((reference + suffix, seed, split))
+            change = paired_change(theirs, ours, confidence) if arm in others and ours else None
+            if change:
+                contrasts.append({"arm": reference + suffix, "against": arm, "seed": seed, "split": split, **change})
+    return contrasts
+
+
+def format_contrasts(contrasts: list[dict[str, Any]]) -> str:
+    """`arm_contrasts` as one line per compared arm and split, its seeds side by side."""
+    lines: dict[tuple[str, str, str], list[str]] = {}
+    for contrast in sorted(contrasts, key=lambda item: _seed_order(item["seed"])):
+        lines.setdefault((contrast["arm"], contrast["against"], contrast["split"]), []).append(
+            f"seed {contrast['seed']} {contrast['rise']:+.3f} [{contrast['low']:+.3f}, {contrast['high']:+.3f}], "
+            f"{contrast['up']} tasks up, {contrast['down']} down")
+    split_names = {"train": "training tasks", "eval": "held-out tasks"}
+    return "\n".join(f"{arm} against {against} after RL, {split_names.get(split, split)}, task by task: "
+                     + "; ".join(seeds) for (arm, against, split), seeds in lines.items())
+
+
 def format_rises(rises: list[dict[str, Any]]) -> str:
     """`seed_rises` as one line per arm and split."""
     lines = []
@@ -367,8 +404,8 @@ def format_times(runs: list[dict[str, Any]]) -> str:
                      + f" (the longest {max(minutes):.1f} min; its iterations and evaluations, the shared stages apart)")
     for seed in sorted(dict.fromkeys(run["seed"] for run in timed), key=_seed_order):
         shared = next(run["computed_seconds"] for run in timed if run["seed"] == seed)
-        lines.append(f"seed {seed}, shared by its arms: " + ", ".join(
-            f"{stage} {shared[stage] / 60:.1f} min" for stage in SHARED_STAGES if shared.get(stage)))
+        if stages := [f"{stage} {shared[stage] / 60:.1f} min" for stage in SHARED_STAGES if shared.get(stage)]:
+            lines.append(f"seed {seed}, shared by its arms: " + ", ".join(stages))
     return "\n".join(lines)
 
 
