@@ -19,7 +19,8 @@ held-out split (the rows `ARM greedy`, before: the warm start at greedy decoding
 start's distribution raises the rate at the sampling temperature as a lower temperature would, not this one. The result: a row per arm x seed x split x phase (resolved,
 attempts, rate, Wilson interval; tasks solved and the interval by task, as attempts at one task are not
 independent), the seeds pooled, the change of each arm and seed read task by task (the same tasks before and
-after), the table as text and as Markdown and a plot, and each seed's warm start curve (its loss and token
+after), the last arm listed against each other arm after RL on the same tasks (does the method beat its
+baselines, not only its start), the table as text and as Markdown and a plot, and each seed's warm start curve (its loss and token
 accuracy per step) as a second plot, written under <work dir>/reports/bench-learn-<time>/. And each arm's time as
 computed, from its stages' stored seconds: a resumed bench or an arm served from the cache reports what the arm
 costs from scratch, apart from the stages its seed's arms share (the warm start and its evaluation).
