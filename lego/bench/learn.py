@@ -14,17 +14,17 @@ the same rollouts sampled per iteration and the same number of optimizer steps; 
 - `grpo`: GRPO's group-normalized advantages;
 - `success_mass`: each found success weighted by its share of the group's found success mass.
 It also evaluates each seed's warm start at greedy decoding (`lego eval`, temperature 0, one attempt per task); its
-rate at the sampling temperature is every arm's `before`. And each arm's last policy at greedy decoding on the held-
-out split (the rows `ARM greedy`, before: the warm start at greedy decoding): RL that only sharpens the warm start's
-distribution raises the rate at the sampling temperature as a lower temperature would, not this one. The result: a
-row per arm x seed x split x phase (resolved, attempts, rate, Wilson interval; tasks solved and the interval by
-task, as attempts at one task are not independent), the seeds pooled, the change of each arm and seed read task by
-task (the same tasks before and after), the last arm listed against each other arm after RL on the same tasks (does
-the method beat its baselines, not only its start), the table as text and as Markdown and a plot, and each seed's
-warm start curve (its loss and token accuracy per step) as a second plot, written under <work dir>/reports/bench-
-learn-<time>/. And each arm's time as computed, from its stages' stored seconds: a resumed bench or an arm served
-from the cache reports what the arm costs from scratch, apart from the stages its seed's arms share (the warm start
-and its evaluation).
+rate at the sampling temperature is every arm's `before`. And each arm's last policy at greedy decoding on the
+held-out split (the rows `ARM greedy`, before: the warm start at greedy decoding): RL that only sharpens the warm
+start's distribution raises the rate at the sampling temperature as a lower temperature would, not this one. The
+result: a row per arm x seed x split x phase (resolved, attempts, rate, Wilson interval; tasks solved and the
+interval by task, as attempts at one task are not independent), the seeds pooled, the change of each arm and seed
+read task by task (the same tasks before and after), the last arm listed against each other arm after RL on the same
+tasks (does the method beat its baselines, not only its start), the table as text and as Markdown and a plot, and
+each seed's warm start curve (its loss and token accuracy per step) as a second plot, written under <work
+dir>/reports/bench-learn-<time>/. And each arm's time as computed, from its stages' stored seconds: a resumed bench
+or an arm served from the cache reports what the arm costs from scratch, apart from the stages its seed's arms share
+(the warm start and its evaluation).
 A benchmark, not a test: hours at full size on a small machine.
 """
 
