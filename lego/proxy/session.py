@@ -94,6 +94,7 @@ import dataclasses
 import functools
 import hashlib
 import re
+import threading
 import time
 from array import array
 from collections.abc import Awaitable, Callable, Iterator
@@ -392,6 +393,8 @@ class Session:
         # completion requests the proxy failed or refused (overlong aside): a harness crash after one is not the policy's
         self.internal_errors: list[str] = []
         self._inflight: set[asyncio.Task] = set()  # requests being served, cancelled when the session closes
+        # close_session cancels them from another thread than the loop's, whose done callbacks remove them
+        self._inflight_lock = threading.Lock()
         self.created_at = time.time()
         self._lock = asyncio.Lock()
         self._threads: list[Thread] = []
@@ -437,8 +440,9 @@ class Session:
             raise RequestError("the request has no messages", param="messages")
         task = asyncio.current_task()
         if task is not None:
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            with self._inflight_lock:
+                self._inflight.add(task)
+            task.add_done_callback(self._served)
         started_at, clock = time.time(), time.perf_counter()
         limit = self.sampling.max_tokens if max_tokens is None else max(1, min(max_tokens, self.sampling.max_tokens))
         constraint = self._constraint(conversation.tools, parse_tools, tool_choice, strict_tools, json_output)
@@ -633,9 +637,14 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ results
 
+    def _served(self, task: asyncio.Task) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(task)
+
     def cancel_inflight(self) -> int:
         """Cancel the requests still being served (the rollout ended: nobody waits for their answers)."""
-        pending = [task for task in self._inflight if not task.done()]
+        with self._inflight_lock:
+            pending = [task for task in self._inflight if not task.done()]
         for task in pending:  # close_session may be called from another thread than the proxy's loop
             task.get_loop().call_soon_threadsafe(task.cancel)
         return len(pending)
