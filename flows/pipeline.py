@@ -1,5 +1,5 @@
 """The pipeline flow: taskset -> warmstart, filter, baseline (each optional) -> per iteration: rollout -> verify ->
-dataset -> train -> every k: evaluate. And `stage_flow`: one stage on top of an earlier run's artifacts.
+dataset -> train -> every k: evaluate (`train.adv_estimator: sft` trains on the demonstrations: no rollouts). And `stage_flow`: one stage on top of an earlier run's artifacts.
 
 Each stage is one Prefect task (flows/stages.py) calling its lego.pipeline function; rollout and verify are
 subflows because their shards fan out over the task runner."""
@@ -42,9 +42,10 @@ def run_stages(run: PipelineRun) -> None:
     verify = verify_flow_for(config)
     last = config.pipeline.iterations - 1
     for iteration in range(config.pipeline.iterations):
-        rollout(run_id, iteration)
-        verify(run_id, iteration)
-        stages.dataset(run_id, iteration)
+        if config.train.trains_on_rollouts:
+            rollout(run_id, iteration)
+            verify(run_id, iteration)
+            stages.dataset(run_id, iteration)
         run_iterated_stage(run_id, config, "train", iteration)
         if (iteration + 1) % config.eval.every == 0 or iteration == last:
             run_iterated_stage(run_id, config, "evaluate", iteration)

@@ -112,9 +112,10 @@ def dataset(run_id: str, iteration: int) -> StageResult:
 
 
 def train_inputs(run: PipelineRun, iteration: int) -> tuple:
-    """The train stage's inputs after the run's `iteration`th dataset: the dataset, the policy it updates, the warm
-    start's result (its demonstrations, for the `sft` arm)."""
-    return run.result("dataset", iteration), run.policy(iteration), run.manifest.get("warmstart")
+    """The train stage's inputs at the run's `iteration`: the iteration, its dataset (none for `sft`, which samples
+    no rollouts), the policy it updates, the warm start's result (its demonstrations, for `sft`)."""
+    dataset = run.result("dataset", iteration) if run.config.train.trains_on_rollouts else None
+    return iteration, dataset, run.policy(iteration), run.manifest.get("warmstart")
 
 
 def evaluate_inputs(run: PipelineRun, iteration: int) -> tuple:

@@ -252,6 +252,12 @@ class TrainConfig(Section):
     # warm start's demonstrations instead of the rollouts (`epochs` full-batch steps at `lr`, as the other arms).
     adv_estimator: Literal["grpo", "success_mass", "rft", "sft"] = "grpo"
 
+    @property
+    def trains_on_rollouts(self) -> bool:
+        """Whether an iteration's update reads its rollouts: `sft` trains on the demonstrations alone, so its
+        iterations sample and grade nothing."""
+        return self.adv_estimator != "sft"
+
     @model_validator(mode="after")
     def _one_credit_rule(self) -> TrainConfig:
         if self.adv_estimator != "grpo" and self.credit != "sequence":

@@ -6,6 +6,7 @@ arms and seeds with the child commands replaced by stand-ins that leave what a r
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from lego.bench import learn as bench
 from lego.config import load_config
 from lego.engine.checkpoint import tiny_model_fingerprint
 from lego.engine.tokenizer import load_tokenizer
+from lego.errors import LegoError
 from lego.evaluate.paired import mean_interval, sign_test_p
 from lego.evaluate.stats import wilson_interval
 from lego.harness.base import get_harness
@@ -115,17 +117,23 @@ def test_rft_trains_on_the_resolved_rollouts_with_advantage_one(tmp_path):
 
 def test_sft_fine_tunes_on_the_warm_starts_resolved_demonstrations(tmp_path, tiny_model_path):
     ctx, dataset = dataset_of(tmp_path, "train.adv_estimator=sft", "train.epochs=2")
+    assert not ctx.config.train.trains_on_rollouts  # the pipeline samples no rollouts for it (flows/pipeline.py)
     demonstrations = store_rollouts(ctx.work, "warmstart-arms", 0, Iteration(kinds={"task-a": [R], "task-b": [U]}),
                                     stage="warmstart")
     grade(ctx.work, "warmstart-arms", 0, demonstrations, [R, U], "warmstart-verify")
     warmstart = StageResult(stage="warmstart", key="warm-arms", path=str(tmp_path / "warm"),
                             data={"data_run_id": "warmstart-arms"})
     with pytest.raises(Exception, match="warmstart.enabled"):
-        run_train_stage(ctx, dataset, Policy.from_path(tiny_model_path))
-    result = run_train_stage(ctx, dataset, Policy.from_path(tiny_model_path), warmstart)
+        run_train_stage(ctx, 0, None, Policy.from_path(tiny_model_path))
+    result = run_train_stage(ctx, 0, None, Policy.from_path(tiny_model_path), warmstart)
     assert result.data["trained"] and result.metrics["optimizer_steps"] == 2
-    assert result.metrics["sequences"] == 1  # the resolved demonstration only, not the rollouts
-    assert result.inputs["demonstrations"] == "warm-arms"
+    assert result.metrics["sequences"] == 1  # the resolved demonstration only
+    assert result.inputs["demonstrations"] == "warm-arms" and "dataset" not in result.inputs
+    # An estimator that trains on rollouts refuses to run without the iteration's dataset.
+    rft = replace(ctx, config=ctx.config.model_copy(update={"train": ctx.config.train.model_copy(
+        update={"adv_estimator": "rft"})}))
+    with pytest.raises(LegoError, match="rollout, verify and dataset stages"):
+        run_train_stage(rft, 0, None, Policy.from_path(tiny_model_path))
     assert result.data["policy_version"] == Policy.from_path(tiny_model_path).version + 1
 
 

@@ -342,3 +342,11 @@ def test_warm_start_is_the_policy_rl_starts_from(prefect_api, overrides):
     assert [m.step for m in tracker.client.get_metric_history(parent, "train.loss")] == [4]
     again = run(overrides, extra)
     assert "warmstart" in again["served_from_cache"]
+    # The sft arm trains on the demonstrations, not on rollouts: its iterations sample and grade nothing.
+    sft = run(overrides, [*extra, "train.adv_estimator=sft", "train.epochs=1"])
+    assert sorted(sft["stages"]) == ["baseline", "evaluate/0", "taskset", "train/0", "warmstart"]
+    assert sft["computed"] == ["evaluate/0", "train/0"]
+    sft_manifest = load_manifest(work, sft["run_id"])
+    assert sft_manifest.get("train", 0).metrics["sequences"] == warm.metrics["resolved_demonstrations"]
+    before, after_sft = learning_curve(sft_manifest)["curve"]
+    assert "train_split" not in before and after_sft["policy"] == 1 and after_sft["eval_split"]["attempts"] == 1

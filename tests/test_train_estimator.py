@@ -56,7 +56,7 @@ def test_the_train_stage_trains_with_success_mass_when_configured(tmp_path, tiny
     assert sorted(batch.advantages) == pytest.approx([0.0, 0.0, 0.5, 0.5])
 
     policy = Policy.from_path(tiny_model_path)
-    result = run_train_stage(ctx, dataset, policy)
+    result = run_train_stage(ctx, 0, dataset, policy)
     metrics = json.loads(Path(result.outputs["train_metrics"]).read_text())
     assert result.data["trained"] and metrics["optimizer_steps"] >= 1
     # the update report sees positive advantages only: nothing was pushed down

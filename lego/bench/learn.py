@@ -9,7 +9,8 @@ With `-o arms=sft,rft,grpo,success_mass -o seeds=0,1,2` it runs one `lego run` p
 plus that arm's overrides (`arm_overrides`): the same warm start per seed (one work dir per seed, so the warm start,
 the evaluation before RL and iteration 0's rollouts are computed once and served from the cache to the other arms),
 the same rollouts sampled per iteration and the same number of optimizer steps; only the update differs:
-- `sft`: continued supervised fine-tuning on the warm start's demonstrations (`train.adv_estimator: sft`);
+- `sft`: continued supervised fine-tuning on the warm start's demonstrations (`train.adv_estimator: sft`; its
+  iterations sample no rollouts, which it would not train on);
 - `rft`: rejection-sampling fine-tuning, the likelihood of the policy's own resolved rollouts (`rft`);
 - `grpo`: GRPO's group-normalized advantages;
 - `success_mass`: each found success weighted by its share of the group's found success mass.

@@ -142,7 +142,8 @@ def scheduled_stages(config: LegoConfig) -> list[str]:
         labels.append("baseline")
     last = config.pipeline.iterations - 1
     for iteration in range(config.pipeline.iterations):
-        labels += [f"{stage}/{iteration}" for stage in ("rollout", "verify", "dataset", "train")]
+        sampled = ("rollout", "verify", "dataset") if config.train.trains_on_rollouts else ()
+        labels += [f"{stage}/{iteration}" for stage in (*sampled, "train")]
         if (iteration + 1) % config.eval.every == 0 or iteration == last:
             labels.append(f"evaluate/{iteration}")
     return labels

@@ -112,15 +112,21 @@ def _fine_tune_on_demonstrations(ctx: StageContext, warmstart: StageResult | Non
                        data={**new_policy.as_data(), "trained": True})
 
 
-def run_train_stage(ctx: StageContext, dataset: StageResult, policy: Policy,
+def run_train_stage(ctx: StageContext, iteration: int, dataset: StageResult | None, policy: Policy,
                     warmstart: StageResult | None = None) -> StageResult:
-    """`warmstart`: the run's warm start, whose demonstrations `train.adv_estimator: sft` trains on."""
-    iteration = dataset.iteration or 0
-    inputs = {"dataset": dataset.key, "policy": policy.key, "train": ctx.config.section_dict("train"),
-              "seed": ctx.config.project.seed, "device": ctx.config.engine.device}
-    sft = ctx.config.train.adv_estimator == "sft"
-    if sft and warmstart is not None:
-        inputs["demonstrations"] = warmstart.key
+    """`dataset`: the iteration's rollouts; none under `train.adv_estimator: sft`, which trains on `warmstart`'s
+    demonstrations instead."""
+    sft = not ctx.config.train.trains_on_rollouts
+    inputs = {"policy": policy.key, "train": ctx.config.section_dict("train"), "seed": ctx.config.project.seed,
+              "device": ctx.config.engine.device}
+    if sft:
+        if warmstart is not None:
+            inputs["demonstrations"] = warmstart.key
+    elif dataset is None:
+        raise LegoError(f"train/{iteration} under train.adv_estimator {ctx.config.train.adv_estimator} trains on the "
+                        "iteration's rollouts: run its rollout, verify and dataset stages first")
+    else:
+        inputs["dataset"] = dataset.key
 
     def compute(directory: Path) -> StageOutput:
         from lego.train.trainer import Trainer
