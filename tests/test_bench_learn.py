@@ -27,6 +27,7 @@ from lego.pipeline.dataset_stage import run_dataset_stage
 from lego.pipeline.learning import (
     arm_contrasts,
     arm_seconds,
+    arm_times,
     before_after,
     bench_table,
     format_contrasts,
@@ -204,6 +205,32 @@ def test_an_arms_time_counts_its_own_stages_as_computed_whether_or_not_this_run_
         "seed 0, shared by its arms: warmstart 30.0 min, baseline 20.0 min",
         "seed 1, shared by its arms: warmstart 30.0 min, baseline 20.0 min"]
     assert format_times([{"arm": "sft", "seed": 0, "error": "exit 1"}]) == ""
+
+
+def test_stages_two_arms_of_a_seed_share_by_key_are_counted_once_beside_them():
+    """Iteration 0's rollouts sample the warm start: every arm of a seed that trains on rollouts has the same
+    rollout/0 and verify/0 (one key, computed once). An arm alone still costs them; beside the others it does not."""
+    def run(arm, seed, keys):
+        stages = {"warmstart": {"key": "w", "seconds": 1800.0}, **{label: {"key": key, "seconds": 60.0}
+                                                                  for label, key in keys.items()}}
+        computed = {"warmstart": 1800.0, "rollout": 0.0, "train": 0.0}
+        for label in keys:
+            computed[label.split("/")[0]] += 60.0
+        return {"arm": arm, "seed": seed, "stages": stages, "computed_seconds": computed}
+
+    runs = [run("rft", 0, {"rollout/0": "r0", "train/0": "rft-t0", "rollout/1": "rft-r1"}),
+            run("grpo", 0, {"rollout/0": "r0", "train/0": "grpo-t0", "rollout/1": "grpo-r1"}),
+            run("sft", 0, {"train/0": "sft-t0"}),
+            run("grpo", 1, {"rollout/0": "s1-r0", "train/0": "s1-t0"})]
+    times = {(time["arm"], time["seed"]): time for time in arm_times(runs)}
+    assert times["rft", 0] == {"arm": "rft", "seed": 0, "alone": 180.0, "beside": 120.0, "shared": ["rollout/0"]}
+    assert times["grpo", 0]["shared"] == ["rollout/0"] and times["grpo", 0]["beside"] == 120.0
+    assert times["sft", 0] == {"arm": "sft", "seed": 0, "alone": 60.0, "beside": 60.0, "shared": []}
+    assert times["grpo", 1]["shared"] == []  # another seed's rollouts are other rollouts (another key)
+    lines = format_times(runs).splitlines()
+    assert lines[1] == ("rft: seed 0 3.0 min (2.0 min beside its seed's other arms, rollout/0 shared) (the longest "
+                        "3.0 min; its iterations and evaluations, the shared stages apart)")
+    assert lines[3].startswith("sft: seed 0 1.0 min (the longest")
 
 
 def test_the_table_has_a_row_per_arm_seed_split_and_phase_the_greedy_warm_start_and_pooled_seeds(tmp_path):
@@ -462,7 +489,11 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
         == {("grpo greedy", "sft greedy", seed, 0, 0) for seed in (0, 1, "all")}
     assert "grpo greedy against sft greedy after RL, held-out tasks, task by task: seed 0 +0.000" in \
         Path(result["reports"], "learn_arms.txt").read_text()
-    assert "sft: seed 0 0.0 min, seed 1 0.0 min" in Path(result["reports"], "learn_arms.txt").read_text()
+    # the stand-ins' manifests give both arms of a seed the same stage keys: all their stages count as shared
+    assert "sft: seed 0 0.0 min (0.0 min beside its seed's other arms" in \
+        Path(result["reports"], "learn_arms.txt").read_text()
+    assert {(time["arm"], time["seed"]) for time in result["arm_times"]} == {("sft", 0), ("grpo", 0), ("sft", 1),
+                                                                            ("grpo", 1)}
 
 
 def test_the_bench_says_when_an_arm_did_not_start_from_the_seeds_warm_start(tmp_path, monkeypatch):

@@ -122,6 +122,7 @@ def _single_run(name: str, extra: list[str]) -> dict[str, Any]:
 def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> dict[str, Any]:
     from lego.pipeline.learning import (
         arm_contrasts,
+        arm_times,
         bench_table,
         format_contrasts,
         format_markdown,
@@ -177,7 +178,8 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
     result = {"config": name, "overrides": extra, "arms": arms, "seeds": seeds, "confidence": confidence,
               "wall_s": round(time.monotonic() - started, 1), "reports": str(reports), "plot": str(png),
               "warmstart_plot": str(warm_png),
-              "table": rows, "rises": rises, "contrasts": contrasts, "runs": runs, "warmstart": warmstarts,
+              "table": rows, "rises": rises, "contrasts": contrasts, "arm_times": arm_times(runs), "runs": runs,
+              "warmstart": warmstarts,
               "warmstart_differs": [f"{run['arm']} seed {run['seed']}" for run in runs
                                     if run.get("warmstart_differs_from")]}
     (reports / "learn_arms.json").write_text(json.dumps(result, indent=2, default=str))
@@ -215,7 +217,7 @@ def run_arm(name: str, arm: str, seed: int, extra: list[str], base_work: Path, r
                   "optimizer_steps": [int((point.get("train_step") or {}).get("optimizer_steps", 0))
                                       for point in curve["curve"] if "train_step" in point],
                   "verdict": curve["verdict"], "stage_seconds": curve["stage_seconds"],
-                  "computed_seconds": curve["computed_seconds"],
+                  "computed_seconds": curve["computed_seconds"], "stages": curve["stages"],
                   "arm_seconds": arm_seconds(curve["computed_seconds"])})
     if warm is not None:
         entry["warmstart_key"] = warm.key

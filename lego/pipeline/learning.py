@@ -171,8 +171,11 @@ def learning_curve(manifest: RunManifest, confidence: float = 0.95) -> dict[str,
         # a stage served from cache keeps the seconds it took when computed: what the run costs from scratch
         computed[result.stage] = round(computed.get(result.stage, 0.0) + result.seconds, 1)
     curve = [points[index] for index in sorted(points)]
+    # each stage's key beside its computed seconds: runs that share a key (a seed's arms) computed that stage once
+    stages = {label: {"key": result.key, "seconds": round(result.seconds, 1)}
+              for label, result in manifest.stages.items()}
     return {"run_id": manifest.run_id, "confidence": confidence, "curve": curve, "verdict": _verdict(curve),
-            "stage_seconds": seconds, "computed_seconds": computed}
+            "stage_seconds": seconds, "computed_seconds": computed, "stages": stages}
 
 
 def plot_learning_curve(curve: dict[str, Any], path: str | Path) -> Path:
@@ -390,18 +393,44 @@ def arm_seconds(computed_seconds: dict[str, float]) -> float:
     return round(sum(seconds for stage, seconds in computed_seconds.items() if stage not in SHARED_STAGES), 1)
 
 
+def arm_times(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per arm and seed: `alone`, what the arm computes after its seed's warm start (arm_seconds); `beside`, what it
+    adds to the other arms of its seed, less the stages it shares with one of them (the same key: iteration 0's
+    rollouts and their grading, sampled from the warm start by every arm that trains on rollouts); `shared`, those
+    stages' labels."""
+    timed = [run for run in runs if run.get("computed_seconds")]
+    times = []
+    for run in timed:
+        others = {info["key"] for other in timed if other is not run and other["seed"] == run["seed"]
+                  for info in (other.get("stages") or {}).values()}
+        shared = sorted(label for label, info in (run.get("stages") or {}).items()
+                        if label not in SHARED_STAGES and info["key"] in others)
+        alone = arm_seconds(run["computed_seconds"])
+        beside = round(alone - sum(run["stages"][label]["seconds"] for label in shared), 1)
+        times.append({"arm": run["arm"], "seed": run["seed"], "alone": alone, "beside": beside, "shared": shared})
+    return times
+
+
 def format_times(runs: list[dict[str, Any]]) -> str:
-    """Per arm, each seed's arm time; per seed, the shared stages every arm of it starts from."""
+    """Per arm, each seed's arm time, alone and beside the seed's other arms; per seed, the shared stages every arm
+    of it starts from."""
     timed = [run for run in runs if run.get("computed_seconds")]
     if not timed:
         return ""
+    times = arm_times(timed)
     lines = ["time as computed (each stage's own seconds, whether this bench computed it or found it in the cache):"]
     for arm in dict.fromkeys(run["arm"] for run in timed):
-        seeds = sorted((run for run in timed if run["arm"] == arm), key=lambda run: _seed_order(run["seed"]))
-        minutes = [arm_seconds(run["computed_seconds"]) / 60 for run in seeds]
-        lines.append(f"{arm}: " + ", ".join(f"seed {run['seed']} {value:.1f} min" for run, value
-                                             in zip(seeds, minutes, strict=True))
-                     + f" (the longest {max(minutes):.1f} min; its iterations and evaluations, the shared stages apart)")
+        seeds = sorted((time for time in times if time["arm"] == arm), key=lambda time: _seed_order(time["seed"]))
+        parts = []
+        for time in seeds:
+            part = f"seed {time['seed']} {time['alone'] / 60:.1f} min"
+            if time["shared"]:
+                part += f" ({time['beside'] / 60:.1f} min beside its seed's other arms, {', '.join(time['shared'])} " \
+                        "shared)"
+            parts.append(part)
+        longest = max(time["alone"] for time in seeds) / 60
+        lines.append(f"{arm}: " + ", ".join(parts)
+                     + f" (the longest {longest:.1f} min; its iterations and evaluations, the shared stages apart)")
     for seed in sorted(dict.fromkeys(run["seed"] for run in timed), key=_seed_order):
         shared = next(run["computed_seconds"] for run in timed if run["seed"] == seed)
         if stages := [f"{stage} {shared[stage] / 60:.1f} min" for stage in SHARED_STAGES if shared.get(stage)]:
