@@ -86,7 +86,7 @@ def pretraining_calls(tmp_path, monkeypatch) -> list[int]:
     monkeypatch.setattr(code_module, "standard_library_files", lambda root=None: _small_corpus())
     calls: list[int] = []
 
-    def pretend(model, settings, seed, on_progress=None):
+    def pretend(model, settings, seed, on_progress=None, resume=None):
         calls.append(seed)
         return {"copy_accuracy_long": 0.9}
 

@@ -79,7 +79,7 @@ def test_the_cache_key_covers_copy_pretraining_only_when_it_runs(tmp_path, monke
 
     calls: list[int] = []
 
-    def pretend(model, settings, seed, on_progress=None):  # a test double beside the real run above
+    def pretend(model, settings, seed, on_progress=None, resume=None):  # a test double beside the real run above
         calls.append(seed)
         return {"copy_accuracy_long": 0.9}
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from lego.cache import cache_dir, content_hash
 from lego.config import LegoConfig, TinyModelSpec
+from lego.engine.resume_point import ResumePoint
 from lego.engine.tokenizer import ensure_tokenizer, load_tokenizer
 from lego.errors import ModelError
 from lego.workdir import WorkDir
@@ -37,7 +38,8 @@ def copy_pretrained_fingerprint(spec: TinyModelSpec, seed: int) -> str:
     seed = weights_seed(spec, seed)
     if not spec.copy_pretraining.enabled:
         return content_hash(spec.model_dump_json(exclude={"seed", "copy_pretraining", "code_copying"}), str(seed))
-    return content_hash(spec.model_dump_json(exclude={"seed", "code_copying"}), str(seed), copy_pretraining_source())
+    return content_hash(spec.model_dump_json(exclude={"seed", "code_copying"}), str(seed), copy_pretraining_source(),
+                        resume_point_source())
 
 
 def tiny_model_fingerprint(spec: TinyModelSpec, seed: int) -> str:
@@ -48,7 +50,7 @@ def tiny_model_fingerprint(spec: TinyModelSpec, seed: int) -> str:
         return before
     from lego.engine.code_copying import corpus_digest, standard_library_files
 
-    return content_hash(before, spec.code_copying.model_dump_json(), code_copying_source(),
+    return content_hash(before, spec.code_copying.model_dump_json(), code_copying_source(), resume_point_source(),
                         corpus_digest(standard_library_files()))
 
 
@@ -60,11 +62,21 @@ def code_copying_source() -> str:
     return Path(__file__).with_name("code_copying.py").read_text()
 
 
+def resume_point_source() -> str:
+    return Path(__file__).with_name("resume_point.py").read_text()
+
+
 def copy_pretrained_cache(fingerprint: str) -> Path:
     """Where a copy-pretrained checkpoint (and, keyed by its own fingerprint, the code-copied one made from it) is
     kept for the whole machine: they take about an hour on 2 cores, and every work directory (each bench seed's, each
     arm's) starts from them."""
     return cache_dir("copy-pretrained") / fingerprint
+
+
+def resume_point(cached: Path, on_progress: Callable[[str], None] | None) -> ResumePoint:
+    """Where the loop that makes the machine's checkpoint `cached` keeps its resume point: beside it, under the same
+    fingerprint, so that only the same spec, seed and code resume from it."""
+    return ResumePoint(cached.with_name(cached.name + ".resume.pt"), on_progress=on_progress)
 
 
 def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool = False,
@@ -92,8 +104,13 @@ def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool =
     if spec.code_copying.enabled:
         from lego.engine.code_copying import train_code_copying
 
-        measured |= train_code_copying(model, tokenizer, spec.code_copying, seed, on_progress=on_progress)
+        resume = resume_point(code_copied, on_progress)
+        if force:
+            resume.clear()
+        measured |= train_code_copying(model, tokenizer, spec.code_copying, seed, on_progress=on_progress,
+                                       resume=resume)
         _save(model, tokenizer, code_copied, marker_fields | measured)
+        resume.clear()
     _save(model, tokenizer, out, marker_fields | measured)
     return out
 
@@ -155,9 +172,13 @@ def _copy_pretrained(spec: TinyModelSpec, seed: int, tokenizer, force: bool,
     from lego.engine.copy_pretraining import pretrain_copying
 
     model = _random_init(spec, seed, tokenizer)
-    measured = pretrain_copying(model, spec.copy_pretraining, seed, on_progress)
+    resume = resume_point(cached, on_progress)
+    if force:
+        resume.clear()
+    measured = pretrain_copying(model, spec.copy_pretraining, seed, on_progress, resume=resume)
     _save(model, tokenizer, cached, {"fingerprint": fingerprint, "seed": seed, "spec": spec.model_dump(),
                                      "policy_version": 0, **measured})
+    resume.clear()
     return model, measured
 
 

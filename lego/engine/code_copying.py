@@ -9,7 +9,8 @@ The source is the interpreter's own standard library: on every machine, no downl
 
 The loss is on the recurring spans' tokens only, as in copy pretraining, with short random-id repeats kept in each
 step; the phase stops, after `min_steps`, once the spans of held-out files in `max_length`-token rows are copied at
-`target` (argmax over the whole vocabulary, every CHECK_EVERY steps), or at `max_steps`.
+`target` (argmax over the whole vocabulary, every CHECK_EVERY steps), or at `max_steps`. Given a ResumePoint, it saves
+its state every SAVE_EVERY_S and resumes from it, as copy pretraining does.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from lego.engine.copy_pretraining import (
     copy_loss,
     plant_copies,
 )
+from lego.engine.resume_point import ResumePoint, restore_rng, rng_state
 from lego.errors import ModelError
 
 if TYPE_CHECKING:
@@ -96,14 +98,22 @@ class CodeRows:
 
 
 def train_code_copying(model, tokenizer, spec: CodeCopyingSpec, seed: int, files: list[Path] | None = None,
-                       on_progress: Progress | None = None) -> dict[str, Any]:
+                       on_progress: Progress | None = None, resume: ResumePoint | None = None) -> dict[str, Any]:
     """Train `model` in place on code rows (module docstring); what it measured, for the checkpoint's marker."""
     import torch
 
     say = on_progress or (lambda line: None)
     code = CodeRows(files or standard_library_files(), tokenizer, seed)
     random_rows = CopyRows(seed + 1, model.config.vocab_size - 26)  # above: Qwen3's special tokens
-    started = time.monotonic()
+    saved = resume.load() if resume else None
+    if saved:
+        model.load_state_dict(saved["model"])
+        restore_rng(code.rng, saved["code_rng"])
+        random_rows.restore(saved["rows"])
+        torch.set_rng_state(saved["torch_rng"])
+        say(f"policy: code copying: resumed at step {saved['step']} ({saved['elapsed']:.0f} s done) from "
+            f"{resume.path}")
+    started = time.monotonic() - (saved["elapsed"] if saved else 0.0)
 
     def measured() -> float:
         model.eval()
@@ -112,12 +122,17 @@ def train_code_copying(model, tokenizer, spec: CodeCopyingSpec, seed: int, files
         model.train()
         return accuracy
 
-    accuracy_before = measured()
-    say(f"policy: code copying: spans of code copied {accuracy_before:.0%} before")
+    if saved:
+        accuracy_before, accuracy, steps = saved["accuracy_before"], saved["accuracy"], saved["step"]
+    else:
+        accuracy_before = measured()
+        accuracy, steps = accuracy_before, 0
+        say(f"policy: code copying: spans of code copied {accuracy_before:.0%} before")
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    accuracy, steps = accuracy_before, 0
+    if saved:
+        optimizer.load_state_dict(saved["optimizer"])
     model.train()
-    for step in range(1, spec.max_steps + 1):
+    for step in range(steps + 1, spec.max_steps + 1):
         steps = step
         for group in optimizer.param_groups:
             group["lr"] = spec.lr * min(1.0, step / WARMUP)
@@ -136,6 +151,11 @@ def train_code_copying(model, tokenizer, spec: CodeCopyingSpec, seed: int, files
                     f"({time.monotonic() - started:.0f} s)")
             if step >= spec.min_steps and accuracy >= spec.target:
                 break
+            if resume and resume.due():
+                resume.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "code_rng": rng_state(code.rng), "rows": random_rows.state(),
+                             "torch_rng": torch.get_rng_state(), "elapsed": time.monotonic() - started,
+                             "accuracy_before": accuracy_before, "accuracy": accuracy})
     model.eval()
     reached = "" if accuracy >= spec.target else f", short of its target {spec.target:.0%}"
     say(f"policy: code copying done in {time.monotonic() - started:.0f} s: spans of code copied {accuracy:.0%} "

@@ -14,6 +14,8 @@ vocabulary):
 - `long`: row lengths grow to `max_length` (a harness prompt: a statement is read about a thousand tokens before
   the reply that needs it) with spans recurring at random distances, ids from the whole vocabulary, and short rows
   kept in every step; it ends when spans are copied at `long_target` in `max_length`-token rows.
+
+Given a ResumePoint, the loop saves its state every SAVE_EVERY_S and at the phase change, and resumes from it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lego.config import CopyPretrainingSpec
+from lego.engine.resume_point import ResumePoint, restore_rng, rng_state
 from lego.errors import ModelError
 
 if TYPE_CHECKING:
@@ -55,6 +58,13 @@ class CopyRows:
         self.rng = random.Random(f"copy-pretraining:{seed}")
         self.generator = torch.Generator().manual_seed(seed)
         self.vocab_end = vocab_end
+
+    def state(self) -> dict[str, Any]:
+        return {"rng": rng_state(self.rng), "generator": self.generator.get_state()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        restore_rng(self.rng, state["rng"])
+        self.generator.set_state(state["generator"])
 
     def ids(self, shape: tuple[int, ...], end: int | None = None) -> torch.Tensor:
         import torch
@@ -120,14 +130,23 @@ def long_row_length(step: int, spec: CopyPretrainingSpec, rng: random.Random) ->
     return rng.randint(SHORT_ROW, int(cap))
 
 
-def pretrain_copying(model, spec: CopyPretrainingSpec, seed: int, on_progress: Progress | None = None) -> dict[str, Any]:
+def pretrain_copying(model, spec: CopyPretrainingSpec, seed: int, on_progress: Progress | None = None,
+                     resume: ResumePoint | None = None) -> dict[str, Any]:
     """Train `model` in place to copy (module docstring); what it measured, for the checkpoint's marker.
     Raises CopyPretrainingError when the short phase's copying never forms within `short_steps`."""
     import torch
 
     say = on_progress or (lambda line: None)
     rows = CopyRows(seed, model.config.vocab_size - 26)  # above: Qwen3's special tokens
-    started = time.monotonic()
+    saved = resume.load() if resume else None
+    if saved:
+        model.load_state_dict(saved["model"])
+        rows.restore(saved["rows"])
+        torch.set_rng_state(saved["torch_rng"])
+        say(f"policy: copy pretraining: resumed at step {saved['step']} of the {saved['phase']} phase "
+            f"({saved['elapsed']:.0f} s done) from {resume.path}")
+    started = time.monotonic() - (saved["elapsed"] if saved else 0.0)
+    measured: dict[str, float] = saved["measured"] if saved else {"short_accuracy": 0.0, "short_steps": 0}
     model.train()
 
     def measured_short() -> float:
@@ -138,28 +157,45 @@ def pretrain_copying(model, spec: CopyPretrainingSpec, seed: int, on_progress: P
         with torch.no_grad():
             return copy_loss(model, rows.recurring_spans(8, spec.max_length, 4))[1]
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.short_lr, weight_decay=0.0, betas=(0.9, 0.98))
-    short_accuracy, short_steps = 0.0, 0
-    for step in range(1, spec.short_steps + 1):
-        _set_lr(optimizer, spec.short_lr * min(1.0, step / SHORT_WARMUP))
-        _step(model, optimizer, copy_loss(model, rows.repeated_halves(SHORT_ROWS, SHORT_POOL), rows)[0])
-        if step % CHECK_EVERY == 0:
-            short_accuracy, short_steps = measured_short(), step
-            if step % (5 * CHECK_EVERY) == 0:
-                say(f"policy: copy pretraining, short rows: step {step}, copies {short_accuracy:.0%} "
-                    f"({time.monotonic() - started:.0f} s)")
-            if short_accuracy >= spec.short_target:
-                break
-    if short_accuracy < spec.short_target:
-        raise CopyPretrainingError(
-            f"copy pretraining: after {spec.short_steps} steps of short rows the model copies {short_accuracy:.0%} of "
-            f"repeats (target {spec.short_target:.0%}); the circuit forms after a plateau whose length varies with "
-            "the seed: raise model.init.copy_pretraining.short_steps or try another project.seed")
-    say(f"policy: copy pretraining: copying formed at step {short_steps} ({short_accuracy:.0%} of repeats)")
+    def keep(phase: str, step: int, optimizer, due_only: bool = True) -> None:
+        if resume and (resume.due() or not due_only):
+            resume.save({"phase": phase, "step": step, "model": model.state_dict(),
+                         "optimizer": optimizer.state_dict(), "rows": rows.state(), "torch_rng": torch.get_rng_state(),
+                         "elapsed": time.monotonic() - started, "measured": dict(measured)})
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.long_lr, weight_decay=0.0, betas=(0.9, 0.98))
-    long_accuracy, long_steps = measured_long(), 0
-    for step in range(1, spec.long_steps + 1):
+    def optimizer_for(phase: str, lr: float):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+        if saved and saved["phase"] == phase:
+            optimizer.load_state_dict(saved["optimizer"])
+        return optimizer
+
+    if not saved or saved["phase"] == "short":
+        optimizer = optimizer_for("short", spec.short_lr)
+        for step in range((saved["step"] if saved else 0) + 1, spec.short_steps + 1):
+            _set_lr(optimizer, spec.short_lr * min(1.0, step / SHORT_WARMUP))
+            _step(model, optimizer, copy_loss(model, rows.repeated_halves(SHORT_ROWS, SHORT_POOL), rows)[0])
+            if step % CHECK_EVERY == 0:
+                measured |= {"short_accuracy": measured_short(), "short_steps": step}
+                if step % (5 * CHECK_EVERY) == 0:
+                    say(f"policy: copy pretraining, short rows: step {step}, copies {measured['short_accuracy']:.0%} "
+                        f"({time.monotonic() - started:.0f} s)")
+                if measured["short_accuracy"] >= spec.short_target:
+                    break
+                keep("short", step, optimizer)
+        if measured["short_accuracy"] < spec.short_target:
+            raise CopyPretrainingError(
+                f"copy pretraining: after {spec.short_steps} steps of short rows the model copies "
+                f"{measured['short_accuracy']:.0%} of repeats (target {spec.short_target:.0%}); the circuit forms "
+                "after a plateau whose length varies with the seed: raise model.init.copy_pretraining.short_steps or "
+                "try another project.seed")
+        say(f"policy: copy pretraining: copying formed at step {measured['short_steps']} "
+            f"({measured['short_accuracy']:.0%} of repeats)")
+        optimizer = optimizer_for("long", spec.long_lr)
+        measured |= {"long_accuracy": measured_long(), "long_steps": 0}
+        keep("long", 0, optimizer, due_only=False)  # the short phase is most of the time: never redone
+    else:
+        optimizer = optimizer_for("long", spec.long_lr)
+    for step in range((saved["step"] if saved and saved["phase"] == "long" else 0) + 1, spec.long_steps + 1):
         _set_lr(optimizer, spec.long_lr * min(1.0, step / LONG_WARMUP))
         length = long_row_length(step, spec, rows.rng)
         short = copy_loss(model, rows.repeated_halves(SHORT_ROWS // 2), rows)[0]
@@ -167,14 +203,16 @@ def pretrain_copying(model, spec: CopyPretrainingSpec, seed: int, on_progress: P
                                                      max(2, length // 100)), rows)[0]
         _step(model, optimizer, (short + long) / 2)
         if step % CHECK_EVERY == 0:
-            long_accuracy, long_steps = measured_long(), step
+            measured |= {"long_accuracy": measured_long(), "long_steps": step}
             if step % (5 * CHECK_EVERY) == 0:
                 say(f"policy: copy pretraining, rows up to {spec.max_length} tokens: step {step}, copies "
-                    f"{long_accuracy:.0%} ({time.monotonic() - started:.0f} s)")
-            if step >= spec.ramp_steps and long_accuracy >= spec.long_target:
+                    f"{measured['long_accuracy']:.0%} ({time.monotonic() - started:.0f} s)")
+            if step >= spec.ramp_steps and measured["long_accuracy"] >= spec.long_target:
                 break
+            keep("long", step, optimizer)
     model.eval()
-    result = {"copy_short_steps": short_steps, "copy_long_steps": long_steps,
+    long_accuracy = measured["long_accuracy"]
+    result = {"copy_short_steps": measured["short_steps"], "copy_long_steps": measured["long_steps"],
               "copy_accuracy_short": round(measured_short(), 4), "copy_accuracy_long": round(long_accuracy, 4),
               "copy_seconds": round(time.monotonic() - started, 1)}
     say(f"policy: copy pretraining done in {result['copy_seconds']:.0f} s: copies "
