@@ -32,6 +32,18 @@ def prefect_api():
         yield
 
 
+def start_local_ray() -> None:
+    """A local Ray instance with two worker CPUs (two shard tasks at once), every address on loopback.
+
+    Its workers keep the test's CPU priority: Ray renices its workers to 15 by default (a cluster node's raylet
+    comes first), and beside the suite's CPU-bound xdist workers at 0 a niceness-15 shard got about 2% of a core:
+    in CI its start-up alone (imports, tokenizer) took 11 minutes and the killed shard's rerun ran out of time."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             _system_config={"worker_niceness": 0})
+
+
 def rollout_stage_on_ray(overrides: list[str]) -> dict:
     """The taskset stage, then the rollout stage with its flow on the configured (Ray) task runner."""
     from prefect import flow
@@ -71,9 +83,9 @@ def test_rollout_shards_run_on_ray_workers_and_a_killed_worker_costs_only_its_un
     mark = tmp_path / "killed"
     work = tmp_path / "work"
     overrides = ray_stage_setup(monkeypatch, "LEGO_RAY_KILL_MARK", mark, work, tiny_model_path, 3)
-    # A local Ray instance with two worker CPUs (two shard tasks at once), every address on loopback; the task
-    # runner finds it initialized and uses it, as it would a cluster at pipeline.ray_address.
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    # The task runner finds the local Ray instance initialized and uses it, as it would a cluster at
+    # pipeline.ray_address.
+    start_local_ray()
     try:
         summary = rollout_stage_on_ray(overrides)
     finally:
@@ -126,7 +138,7 @@ def test_a_frozen_shard_fails_the_stage_after_the_stall_timeout_and_a_rerun_runs
         store (over 90 s under the suite in CI) is not what this test measures, and must not fire the guard."""
         return time.time() - mark.stat().st_mtime if mark.exists() else 0.0
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    start_local_ray()
     try:
         with monkeypatch.context() as patch, pytest.raises(StageStalledError, match="rerun the stage"):
             patch.setattr(pipeline_run, "follow", functools.partial(progress.follow, clock=seconds_since_the_freeze))
@@ -135,7 +147,7 @@ def test_a_frozen_shard_fails_the_stage_after_the_stall_timeout_and_a_rerun_runs
         ray.shutdown()  # kills the frozen worker too
     stopped_pid, stopped_rollout = mark.read_text().split()
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    start_local_ray()
     try:  # the rerun, on the real clock and the default stall limit
         summary = rollout_stage_on_ray(overrides[:-1])
     finally:
