@@ -8,6 +8,11 @@ import pytest
 
 from lego.config import TinyModelSpec
 
+# The smallest Qwen3-MoE shape (as TinyModelSpec fields): the copy-pretraining tests train it for a few steps, where
+# its rows and its loop matter and what it learns does not.
+TINY = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+            num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8, intermediate_size=8)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> Path:

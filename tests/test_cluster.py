@@ -29,10 +29,12 @@ def cluster(tmp_path_factory, base_image):
     cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
     try:
         # Ray's head declares a silent node dead after about 3 s instead of about 15, and a connection to a lost
-        # peer is given up after seconds, not minutes (a test waits for both).
+        # peer is given up after seconds, not minutes (a test waits for both). The nodes share this machine's CPUs
+        # with the suite's other workers: Ray's workers keep their priority instead of Ray's niceness 15, under
+        # which a rollout shard beside them got about 2% of a core (tests/test_ray_rollouts.py, start_local_ray).
         cluster.up(ray_env={"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
                             "RAY_health_check_failure_threshold": "3", "RAY_grpc_client_keepalive_time_ms": "2000",
-                            "RAY_grpc_client_keepalive_timeout_ms": "2000"})
+                            "RAY_grpc_client_keepalive_timeout_ms": "2000", "RAY_worker_niceness": "0"})
         yield cluster
     finally:
         problems = cluster.down()

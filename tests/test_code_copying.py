@@ -9,6 +9,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from fixtures_model import TINY
 
 from lego.config import CodeCopyingSpec, CopyPretrainingSpec, TinyModelSpec
 from lego.engine import checkpoint
@@ -27,8 +28,6 @@ from lego.engine.code_copying import (
 )
 from lego.engine.tokenizer import load_tokenizer
 
-TINY = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-            num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8, intermediate_size=8)
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 

@@ -8,15 +8,13 @@ import json
 
 import pytest
 import torch
+from fixtures_model import TINY
 
 from lego.cache import content_hash
 from lego.config import CopyPretrainingSpec, TinyModelSpec
 from lego.engine import checkpoint
 from lego.engine.checkpoint import MARKER, init_tiny_model, tiny_model_fingerprint
 from lego.engine.copy_pretraining import CopyPretrainingError, CopyRows, copy_loss, long_row_length
-
-TINY = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-            num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8, intermediate_size=8)
 
 
 def _earlier_pairs(row: list[int], position: int) -> set[tuple[int, int]]:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from fixtures_model import TINY
 
 from lego.config import CodeCopyingSpec, CopyPretrainingSpec, TinyModelSpec
 from lego.engine import checkpoint
@@ -22,8 +23,6 @@ from lego.engine.checkpoint import (
 from lego.engine.code_copying import standard_library_files
 from lego.engine.resume_point import ResumePoint
 
-TINY = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-            num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8, intermediate_size=8)
 SPEC = TinyModelSpec(**TINY, copy_pretraining=CopyPretrainingSpec(
     enabled=True, short_steps=16, long_steps=12, ramp_steps=4, max_length=256, short_target=0.5, long_target=0.5),
     code_copying=CodeCopyingSpec(enabled=True, min_steps=2, max_steps=8, max_length=256, target=1.0))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from lego.config import load_config
 from lego.track.tracker import Tracker
 from lego.workdir import WorkDir
@@ -64,3 +68,20 @@ def test_step_series_go_to_the_stage_run_and_the_pipeline_run(tmp_path):
     old.write_text('{"steps": [{"step": 3, "loss": ')
     with pytest.raises(StepSeriesError, match="lego stage train --force"):
         stage_steps("train", {"train_metrics": str(old)})
+
+
+def test_a_lego_process_starts_no_mlflow_telemetry():
+    """Outside CI and pytest (whose variables MLflow itself reads as "no telemetry"), as a user's `lego run` and the
+    cluster's head run: MLflow's telemetry thread, offline, removes an environment variable while a request to the
+    tracking server reads the environment, and that request fails."""
+    quiet = {"PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK"}
+    env = {key: value for key, value in os.environ.items() if key not in quiet}
+    check = ("from mlflow.telemetry.client import get_telemetry_client as client; "
+             "from mlflow.telemetry.utils import is_telemetry_disabled as off; print(off(), client() is None)")
+    with_lego = subprocess.run([sys.executable, "-c", "import lego, mlflow; " + check], env=env, capture_output=True,
+                               text=True, check=True).stdout.split()
+    assert with_lego == ["True", "True"], with_lego
+    # the control: mlflow alone, in the same environment, would start it
+    alone = subprocess.run([sys.executable, "-c", "import mlflow; " + check], env=env, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert alone[0] == "False", alone
