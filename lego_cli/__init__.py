@@ -217,9 +217,11 @@ def _cli_args(config: str, overrides: list[str] | None) -> list[str]:
     return args + [item for item in overrides or [] if item.startswith("project.")]
 
 
-def _embedded_setup(cfg, work, out=None):
+def _embedded_setup(cfg, work, out=None, policy_needed: bool = True):
     """Docker engine (kept up for the whole run), sandbox base image, tokenizer, tiny policy if missing.
-    `out`: a run's output (one line for the set-up); else each part is printed as it is ready."""
+    `out`: a run's output (one line for the set-up); else each part is printed as it is ready. `policy_needed`
+    False: the command brings its own policy (`lego eval --policy DIR`), so the configured one is not made (a
+    copy-pretrained base takes hours)."""
     import concurrent.futures
     import contextlib
     import time
@@ -246,7 +248,7 @@ def _embedded_setup(cfg, work, out=None):
             # process (the head) samples and grades nothing itself.
             tokenizer = ensure_tokenizer()
             policy = None
-            if cfg.model.path is None:
+            if cfg.model.path is None and policy_needed:
                 policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed,
                                          on_progress=say)
             parts = [f"Ray cluster {cfg.pipeline.ray_address} (each worker's own Docker engine)",
@@ -262,7 +264,7 @@ def _embedded_setup(cfg, work, out=None):
         with docker_engine(work.docker_root, cfg.docker.host, cfg.docker.start_private_daemon) as engine:
             image = ensure_base_image(engine.client, cfg.docker, terminal)
             policy = None
-            if cfg.model.path is None:
+            if cfg.model.path is None and policy_needed:
                 policy = init_tiny_model(cfg.model.init, default_model_path(cfg, work), seed=cfg.project.seed,
                                          on_progress=say)
             parts = [f"Docker engine {engine.base_url}", f"base image {image}", f"tokenizer {tokenizer.result()}",
@@ -762,7 +764,9 @@ def eval_command(
     eval_id = new_eval_id()
     with contextlib.ExitStack() as stack:
         if cfg.pipeline.runner is None:
-            stack.enter_context(_embedded_setup(cfg, work))
+            # a checkpoint directory or a run's policy is evaluated as it is: the configured base is not needed
+            own_policy = run is not None or policy not in (None, "gold", "empty")
+            stack.enter_context(_embedded_setup(cfg, work, policy_needed=not own_policy))
         chosen = _evaluated_policy(cfg, work, policy, run, policy_version)
         console.print(f"[bold]lego eval[/] {eval_id}: policy {chosen.label} ({chosen.source}) on {len(tasks)} "
                       f"task(s) with {', '.join(harnesses)}")

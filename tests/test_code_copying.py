@@ -5,6 +5,7 @@ starts from. Whether it helps the warm start is measured, not tested: docs/bench
 from __future__ import annotations
 
 import json
+import os
 import sysconfig
 from pathlib import Path
 
@@ -141,3 +142,77 @@ def test_a_base_shared_by_the_seeds_of_a_bench_is_made_once(tmp_path, pretrainin
     assert calls == [0]
     weights = [(tmp_path / f"seed-{seed}" / "model" / "model.safetensors").read_bytes() for seed in (1, 2)]
     assert weights[0] == weights[1]
+
+
+def test_a_base_needed_by_two_processes_at_once_is_made_by_one_while_the_other_waits(tmp_path, pretraining_calls,
+                                                                                      monkeypatch):
+    """Two makers of one base would train it twice and write one resume point from both: the second waits for the
+    first's lock, then reads the machine's copy."""
+    import threading
+
+    import lego.engine.copy_pretraining as copy_module
+
+    calls = pretraining_calls
+    stand_in = copy_module.pretrain_copying
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(*args, **kwargs):
+        entered.set()
+        assert release.wait(60)
+        return stand_in(*args, **kwargs)
+
+    monkeypatch.setattr(copy_module, "pretrain_copying", slow)
+    spec = TinyModelSpec(**TINY, copy_pretraining=CopyPretrainingSpec(enabled=True),
+                         code_copying=CodeCopyingSpec(enabled=True, min_steps=2, max_steps=2, max_length=256))
+    lines = {"first": [], "second": []}
+    makers = {name: threading.Thread(target=init_tiny_model, args=(spec, tmp_path / name / "model"),
+                                     kwargs={"seed": 0, "on_progress": lines[name].append}) for name in lines}
+    makers["first"].start()
+    assert entered.wait(60)
+    makers["second"].start()
+    try:
+        _wait_for_the_second(makers, lines, tmp_path)
+    finally:
+        release.set()
+    for maker in makers.values():
+        maker.join(120)
+        assert not maker.is_alive()
+    assert calls == [0]  # trained once
+    assert any("code copying: cached" in line for line in lines["second"]), lines["second"]
+    assert ((tmp_path / "first" / "model" / "model.safetensors").read_bytes()
+            == (tmp_path / "second" / "model" / "model.safetensors").read_bytes())
+
+
+def _wait_for_the_second(makers, lines, tmp_path) -> None:
+    import time
+
+    for _ in range(600):  # up to 30 s for the second maker to reach the lock
+        if any("waiting for it" in line for line in lines["second"]) or not makers["second"].is_alive():
+            break
+        time.sleep(0.05)
+    waiting = [line for line in lines["second"] if "waiting for it" in line]
+    assert waiting and f"process {os.getpid()} is making {tmp_path / 'machine'}" in waiting[0], lines["second"]
+    assert makers["second"].is_alive() and not (tmp_path / "second" / "model").exists()
+
+
+def test_a_killed_maker_leaves_no_lock_behind(tmp_path):
+    """The kernel releases the lock with its process: a maker killed mid-way never blocks the next one."""
+    import signal
+    import subprocess
+    import sys
+
+    cached = tmp_path / "machine" / "base"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom pathlib import Path\nfrom lego.engine.checkpoint import making\n"
+        f"with making(Path({str(cached)!r}), None):\n    print('held', flush=True)\n    time.sleep(600)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+    finally:
+        holder.kill()
+    lines: list[str] = []
+    with checkpoint.making(cached, lines.append):
+        assert (cached.parent / "base.lock").read_text() == f"process {os.getpid()}"
+    assert lines == []  # taken at once: no wait said

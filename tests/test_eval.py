@@ -124,6 +124,21 @@ def test_a_sandbox_that_dies_is_a_coverage_shortfall_not_a_rate(docker_engine, b
     assert SHORT in console.export_text()
 
 
+def test_a_given_checkpoint_is_evaluated_without_making_the_configured_model(docker_engine, base_image,
+                                                                            tiny_model_path, tmp_path):
+    """`lego eval --policy DIR` evaluates DIR: the configured model, which a config may copy-pretrain for hours, is
+    not made first."""
+    installed("mini-swe-agent")
+    settings = [item for item in overrides(tmp_path, docker_engine, tiny_model_path, "rollout.samples_per_task=1")
+                if not item.startswith("model.path=")]
+    code, evaluation, output = lego_eval(["--policy", str(tiny_model_path), "--harness", "mini-swe-agent",
+                                          "--samples", "1"], settings)
+    assert code == 0, output
+    assert evaluation["policy"]["path"] == str(tiny_model_path) and evaluation["policy"]["scripted"] is None
+    assert evaluation["harnesses"]["mini-swe-agent"]["report"]["coverage"] == 1.0
+    assert not (tmp_path / "work" / "models").exists() or not any((tmp_path / "work" / "models").iterdir())
+
+
 def test_eval_refuses_what_it_cannot_evaluate(tmp_path):
     from lego.config import load_config
     from lego.harness.base import HarnessError

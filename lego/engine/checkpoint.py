@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +76,32 @@ def copy_pretrained_cache(fingerprint: str) -> Path:
     return cache_dir("copy-pretrained") / fingerprint
 
 
+@contextlib.contextmanager
+def making(cached: Path, on_progress: Callable[[str], None] | None) -> Iterator[None]:
+    """Held while this process makes the machine's checkpoint `cached`. Another process that needs the same one (a
+    second work dir, a `lego eval` beside a bench) waits for it, then finds it made, instead of training it again
+    beside the first: both would write the one resume point. An exclusive `flock`, which the kernel releases when
+    its process dies, so a killed maker never leaves it held."""
+    lock = cached.with_name(cached.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            (on_progress or (lambda line: None))(f"policy: {holder} is making {cached}; waiting for it")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"process {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def resume_point(cached: Path, on_progress: Callable[[str], None] | None) -> ResumePoint:
     """Where the loop that makes the machine's checkpoint `cached` keeps its resume point: beside it, under the same
     fingerprint, so that only the same spec, seed and code resume from it."""
@@ -91,10 +120,16 @@ def init_tiny_model(spec: TinyModelSpec, out: Path, seed: int = 0, force: bool =
         if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
             return out  # before importing transformers: a rerun's set-up only checks
     code_copied = copy_pretrained_cache(fingerprint)  # the machine's copy: every work dir of a shared base reads it
-    if spec.code_copying.enabled and not force and _marks(code_copied, fingerprint):
-        (on_progress or (lambda line: None))(f"policy: code copying: cached at {code_copied}")
-        _copy_whole(code_copied, out)
-        return out
+    with making(code_copied, on_progress) if spec.code_copying.enabled else contextlib.nullcontext():
+        if spec.code_copying.enabled and not force and _marks(code_copied, fingerprint):
+            (on_progress or (lambda line: None))(f"policy: code copying: cached at {code_copied}")
+            _copy_whole(code_copied, out)
+            return out
+        return _build(spec, out, seed, fingerprint, code_copied, force, on_progress)
+
+
+def _build(spec: TinyModelSpec, out: Path, seed: int, fingerprint: str, code_copied: Path, force: bool,
+           on_progress: Callable[[str], None] | None) -> Path:
     tokenizer = load_tokenizer(ensure_tokenizer())
     if spec.copy_pretraining.enabled:
         model, measured = _copy_pretrained(spec, seed, tokenizer, force, on_progress)
@@ -164,6 +199,13 @@ def _copy_pretrained(spec: TinyModelSpec, seed: int, tokenizer, force: bool,
     """The copy-pretrained model and what its pretraining measured: from the machine's cache, else trained and kept."""
     fingerprint = copy_pretrained_fingerprint(spec, seed)
     cached = copy_pretrained_cache(fingerprint)
+    with making(cached, on_progress):
+        return _load_or_pretrain(spec, seed, tokenizer, force, on_progress, fingerprint, cached)
+
+
+def _load_or_pretrain(spec: TinyModelSpec, seed: int, tokenizer, force: bool,
+                      on_progress: Callable[[str], None] | None, fingerprint: str,
+                      cached: Path) -> tuple[object, dict]:
     if _marks(cached, fingerprint) and not force:
         (on_progress or (lambda line: None))(f"policy: copy pretraining: cached at {cached}")
         recorded = json.loads((cached / MARKER).read_text())
