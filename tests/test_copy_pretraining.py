@@ -53,7 +53,8 @@ def test_the_loss_is_on_the_copied_tokens_and_the_sampled_softmax_holds_the_targ
     assert 8.0 < float(sampled.detach()) < 10.0 and 11.0 < float(full.detach()) < 13.0 and accuracy < 0.05
 
 
-def test_a_model_that_never_learns_to_copy_fails_with_what_to_change(tmp_path):
+def test_a_model_that_never_learns_to_copy_fails_with_what_to_change(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "copy_pretrained_cache", lambda fingerprint: tmp_path / "machine" / fingerprint)
     spec = TinyModelSpec(**TINY, copy_pretraining=CopyPretrainingSpec(enabled=True, short_steps=50))
     lines: list[str] = []
     with pytest.raises(CopyPretrainingError, match="model.init.copy_pretraining.short_steps"):
