@@ -475,6 +475,8 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
     assert 0 < paired["low"] < 5 / 8 < paired["high"] and paired["sign_p"] == pytest.approx(2 / 32)
     assert greedy_rises["paired_above_zero"] == 2
     assert result["warmstart_differs"] == []  # every arm of a seed started from the same warm start
+    assert (result["complete"], len(result["done"])) == (True, 4)
+    assert not Path(result["reports"], "learn_arms.txt").read_text().startswith("partial")
     assert {(rise["arm"], rise["split"]): rise["above_per_attempt"] for rise in result["rises"]}["grpo", "train"] == 2
     assert "after RL above the interval before it" in Path(result["reports"], "learn_arms.txt").read_text()
     assert result["runs"][1]["greedy_after"]["eval"]["failures"]["function and body, not the path"] == 3
@@ -515,6 +517,40 @@ def test_the_bench_says_when_an_arm_did_not_start_from_the_seeds_warm_start(tmp_
     result = bench.bench_learn(None, None, config="family", arms="sft,grpo", seeds="0",
                                overrides=f"project.work_dir={tmp_path}")
     assert result["warmstart_differs"] == ["grpo seed 0"]
+
+
+def test_a_bench_cut_short_leaves_the_report_of_every_arm_it_finished(tmp_path, monkeypatch):
+    """Hours of arms on a small machine: a kill during the second arm keeps the first arm's table, marked partial."""
+    class Killed(Exception):
+        pass
+
+    runs = 0
+
+    def child(args: list[str], log: Path) -> tuple[int, str, float]:
+        nonlocal runs
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+        if args[3] == "eval":
+            return 1, "", 1.0  # no greedy evaluation: the report still stands on the runs
+        runs += 1
+        if runs == 2:
+            raise Killed
+        work_dir = [arg.split("=", 1)[1] for arg in args if arg.startswith("project.work_dir=")][-1]
+        save_manifest(WorkDir.create(work_dir), crafted_manifest("run-sft", (2, 0), (5, 1)))
+        return 0, "", 1.0
+
+    monkeypatch.setattr(bench, "_child", child)
+    with pytest.raises(Killed):
+        bench.bench_learn(None, None, config="family", arms="sft,grpo", seeds="0",
+                          overrides=f"project.work_dir={tmp_path}")
+    (reports,) = (tmp_path / "reports").iterdir()
+    report = json.loads((reports / "learn_arms.json").read_text())
+    assert (report["complete"], report["done"]) == (False, ["sft seed 0"])
+    assert {(row["arm"], row["phase"]) for row in report["table"] if row["split"] == "eval"} >= \
+        {("sft", "before"), ("sft", "after")}
+    for name in ("learn_arms.txt", "learn_arms.md"):
+        assert (reports / name).read_text().startswith("partial: 1 of 2 arm runs done (sft seed 0)")
+    assert sorted(path.name for path in reports.iterdir() if path.name.startswith(".")) == []
 
 
 def test_the_run_summary_states_the_held_out_rate_before_and_after_rl_and_draws_no_conclusion():

@@ -23,9 +23,10 @@ interval by task, as attempts at one task are not independent), the seeds pooled
 read task by task (the same tasks before and after), the last arm listed against each other arm after RL on the same
 tasks (does the method beat its baselines, not only its start), the table as text and as Markdown and a plot, and
 each seed's warm start curve (its loss and token accuracy per step) as a second plot, written under <work
-dir>/reports/bench-learn-<time>/. And each arm's time as computed, from its stages' stored seconds: a resumed bench
-or an arm served from the cache reports what the arm costs from scratch, apart from the stages its seed's arms share
-(the warm start and its evaluation).
+dir>/reports/bench-learn-<time>/ and rewritten after each arm (a campaign cut short keeps what it finished). And
+each arm's time as computed, from its stages' stored seconds: a resumed bench or an arm served from the cache
+reports what the arm costs from scratch, apart from the stages its seed's arms share (the warm start and its
+evaluation).
 A benchmark, not a test: hours at full size on a small machine.
 """
 
@@ -120,20 +121,6 @@ def _single_run(name: str, extra: list[str]) -> dict[str, Any]:
 
 
 def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> dict[str, Any]:
-    from lego.pipeline.learning import (
-        arm_contrasts,
-        arm_times,
-        bench_table,
-        format_contrasts,
-        format_markdown,
-        format_rises,
-        format_table,
-        format_times,
-        plot_bench,
-        plot_warmstart_curves,
-        seed_rises,
-    )
-
     for arm in arms:
         arm_overrides(arm, 0, Path("."))  # an unknown arm fails before anything runs
     base = load_config(name, extra)
@@ -142,9 +129,11 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     reports = WorkDir.create(base_work).root / "reports" / f"bench-learn-{stamp}"
     reports.mkdir(parents=True, exist_ok=True)
+    _say(f"the report, rewritten after each arm: {reports}")
     started = time.monotonic()
     runs: list[dict[str, Any]] = []
     warmstarts: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
     for seed in seeds:
         for arm in arms:
             run = run_arm(name, arm, seed, extra, base_work, reports, confidence)
@@ -161,10 +150,37 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
             if run.get("final_policy_version"):
                 run["greedy_after"] = final_policy_greedy_rates(name, seed, extra, base_work, run, reports,
                                                                 confidence)
+            result = write_report(name, extra, arms, seeds, confidence, reports, started, runs, warmstarts)
+    _say("\n" + (reports / "learn_arms.txt").read_text().rstrip("\n"))
+    return result
+
+
+def write_report(name: str, extra: list[str], arms: list[str], seeds: list[int], confidence: float, reports: Path,
+                 started: float, runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The table, plots and JSON of the arms run so far, rewritten after each: a campaign of hours cut short (a
+    killed process, a lost machine) leaves the report of every arm it finished, marked partial."""
+    from lego.pipeline.learning import (
+        arm_contrasts,
+        arm_times,
+        bench_table,
+        format_contrasts,
+        format_markdown,
+        format_rises,
+        format_table,
+        format_times,
+        plot_bench,
+        plot_warmstart_curves,
+        seed_rises,
+    )
+
+    done = [f"{run['arm']} seed {run['seed']}" for run in runs]
+    complete = len(runs) == len(arms) * len(seeds)
+    status = "" if complete else \
+        f"partial: {len(runs)} of {len(arms) * len(seeds)} arm runs done ({', '.join(done)})\n\n"
     rows = bench_table(runs, warmstarts, confidence)
     rises = seed_rises(rows, confidence)
     contrasts = arm_contrasts(rows, confidence)
-    table = format_table(rows) + "\n\n" + format_rises(rises)
+    table = status + format_table(rows) + "\n\n" + format_rises(rises)
     if contrasts:
         table += "\n\n" + format_contrasts(contrasts)
     if failures := format_failures(runs, warmstarts):
@@ -176,16 +192,20 @@ def run_arms(name: str, arms: list[str], seeds: list[int], extra: list[str]) -> 
                                       for warm in sorted(warmstarts, key=lambda warm: warm["seed"])
                                       if warm.get("curve")}, reports / "warmstart_curves.png")
     result = {"config": name, "overrides": extra, "arms": arms, "seeds": seeds, "confidence": confidence,
+              "complete": complete, "done": done,
               "wall_s": round(time.monotonic() - started, 1), "reports": str(reports), "plot": str(png),
               "warmstart_plot": str(warm_png),
               "table": rows, "rises": rises, "contrasts": contrasts, "arm_times": arm_times(runs), "runs": runs,
               "warmstart": warmstarts,
               "warmstart_differs": [f"{run['arm']} seed {run['seed']}" for run in runs
                                     if run.get("warmstart_differs_from")]}
-    (reports / "learn_arms.json").write_text(json.dumps(result, indent=2, default=str))
-    (reports / "learn_arms.txt").write_text(table + "\n")
-    (reports / "learn_arms.md").write_text(format_markdown(rows, confidence) + "\n")
-    _say("\n" + table)
+    # Each file whole or not at all: a kill mid-write leaves the previous arm's report, not half of this one.
+    for file_name, text in (("learn_arms.json", json.dumps(result, indent=2, default=str)),
+                            ("learn_arms.txt", table + "\n"),
+                            ("learn_arms.md", status + format_markdown(rows, confidence) + "\n")):
+        partial = reports / f".{file_name}.partial"
+        partial.write_text(text)
+        partial.replace(reports / file_name)
     return result
 
 
