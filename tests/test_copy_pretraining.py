@@ -55,7 +55,9 @@ def test_the_loss_is_on_the_copied_tokens_and_the_sampled_softmax_holds_the_targ
 
 def test_a_model_that_never_learns_to_copy_fails_with_what_to_change(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "copy_pretrained_cache", lambda fingerprint: tmp_path / "machine" / fingerprint)
-    spec = TinyModelSpec(**TINY, copy_pretraining=CopyPretrainingSpec(enabled=True, short_steps=50))
+    # A check every 5 steps, not 50: five steps are as far from the plateau's end as fifty, at a tenth of the time.
+    monkeypatch.setattr("lego.engine.copy_pretraining.CHECK_EVERY", 5)
+    spec = TinyModelSpec(**TINY, copy_pretraining=CopyPretrainingSpec(enabled=True, short_steps=5))
     lines: list[str] = []
     with pytest.raises(CopyPretrainingError, match="model.init.copy_pretraining.short_steps"):
         init_tiny_model(spec, tmp_path / "model", seed=0, on_progress=lines.append)
