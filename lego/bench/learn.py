@@ -159,50 +159,38 @@ def write_report(name: str, extra: list[str], arms: list[str], seeds: list[int],
                  started: float, runs: list[dict[str, Any]], warmstarts: list[dict[str, Any]]) -> dict[str, Any]:
     """The table, plots and JSON of the arms run so far, rewritten after each: a campaign of hours cut short (a
     killed process, a lost machine) leaves the report of every arm it finished, marked partial."""
-    from lego.pipeline.learning import (
-        arm_contrasts,
-        arm_times,
-        bench_table,
-        format_contrasts,
-        format_markdown,
-        format_rises,
-        format_table,
-        format_times,
-        plot_bench,
-        plot_warmstart_curves,
-        seed_rises,
-    )
+    from lego.pipeline import learning
 
     done = [f"{run['arm']} seed {run['seed']}" for run in runs]
     complete = len(runs) == len(arms) * len(seeds)
     status = "" if complete else \
         f"partial: {len(runs)} of {len(arms) * len(seeds)} arm runs done ({', '.join(done)})\n\n"
-    rows = bench_table(runs, warmstarts, confidence)
-    rises = seed_rises(rows, confidence)
-    contrasts = arm_contrasts(rows, confidence)
-    table = status + format_table(rows) + "\n\n" + format_rises(rises)
+    rows = learning.bench_table(runs, warmstarts, confidence)
+    rises = learning.seed_rises(rows, confidence)
+    contrasts = learning.arm_contrasts(rows, confidence)
+    table = status + learning.format_table(rows) + "\n\n" + learning.format_rises(rises)
     if contrasts:
-        table += "\n\n" + format_contrasts(contrasts)
+        table += "\n\n" + learning.format_contrasts(contrasts)
     if failures := format_failures(runs, warmstarts):
         table += "\n\n" + failures
-    if times := format_times(runs):
+    if times := learning.format_times(runs):
         table += "\n\n" + times
-    png = plot_bench(rows, reports / "learn_arms.png", confidence)
-    warm_png = plot_warmstart_curves({f"seed {warm['seed']}": warm["curve"]
-                                      for warm in sorted(warmstarts, key=lambda warm: warm["seed"])
-                                      if warm.get("curve")}, reports / "warmstart_curves.png")
+    png = learning.plot_bench(rows, reports / "learn_arms.png", confidence)
+    curves = {f"seed {warm['seed']}": warm["curve"] for warm in sorted(warmstarts, key=lambda warm: warm["seed"])
+              if warm.get("curve")}
+    warm_png = learning.plot_warmstart_curves(curves, reports / "warmstart_curves.png")
     result = {"config": name, "overrides": extra, "arms": arms, "seeds": seeds, "confidence": confidence,
               "complete": complete, "done": done,
               "wall_s": round(time.monotonic() - started, 1), "reports": str(reports), "plot": str(png),
               "warmstart_plot": str(warm_png),
-              "table": rows, "rises": rises, "contrasts": contrasts, "arm_times": arm_times(runs), "runs": runs,
-              "warmstart": warmstarts,
+              "table": rows, "rises": rises, "contrasts": contrasts, "arm_times": learning.arm_times(runs),
+              "runs": runs, "warmstart": warmstarts,
               "warmstart_differs": [f"{run['arm']} seed {run['seed']}" for run in runs
                                     if run.get("warmstart_differs_from")]}
     # Each file whole or not at all: a kill mid-write leaves the previous arm's report, not half of this one.
     for file_name, text in (("learn_arms.json", json.dumps(result, indent=2, default=str)),
                             ("learn_arms.txt", table + "\n"),
-                            ("learn_arms.md", status + format_markdown(rows, confidence) + "\n")):
+                            ("learn_arms.md", status + learning.format_markdown(rows, confidence) + "\n")):
         partial = reports / f".{file_name}.partial"
         partial.write_text(text)
         partial.replace(reports / file_name)
