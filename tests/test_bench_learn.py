@@ -33,6 +33,7 @@ from lego.pipeline.learning import (
     format_contrasts,
     format_markdown,
     format_rises,
+    format_summary,
     format_table,
     format_times,
     learning_curve,
@@ -338,6 +339,26 @@ def test_the_rise_counts_the_seeds_whose_after_rate_clears_the_interval_before_i
     assert (rise["above_by_task"], rise["by_task_known"], rise["above_per_attempt"]) == (0, 0, 2)
 
 
+def test_the_summary_shows_each_arms_held_out_rate_per_seed_bold_only_above_the_interval_by_task():
+    def rate(resolved: int, tasks_solved_twice: int, tasks: int = 96) -> dict:
+        once = resolved - 2 * tasks_solved_twice
+        per_task = [[2, 2]] * tasks_solved_twice + [[1, 2]] * once + [[0, 2]] * (tasks - tasks_solved_twice - once)
+        return rate_with_tasks(rate_of(resolved, 2 * tasks), per_task, 0.95)
+
+    # rft: seed 0 clears the interval by task; seed 1 only the per-attempt one, which is not enough
+    figures = {("rft", 0): (26, 43), ("rft", 1): (26, 39), ("sft", 0): (26, 25), ("sft", 1): (26, 26)}
+    runs = [{"arm": arm, "seed": seed, "rates": {"before": {"eval": rate(before, 8), "train": rate_of(5, 10)},
+                                                 "after": {"eval": rate(after, 16), "train": rate_of(7, 10)}}}
+            for (arm, seed), (before, after) in figures.items()]
+    summary = format_summary(bench_table(runs, []))
+    lines = summary.splitlines()
+    assert lines[0] == "| arm | seed 0 | seed 1 | seeds pooled | above the interval |"
+    assert lines[2] == "| rft | 26 -> **43/192** | 26 -> 39/192 | 52 -> **82/384** | 1 of 2 seeds |"
+    assert lines[3] == "| sft | 26 -> 25/192 | 26 -> 26/192 | 52 -> 51/384 | 0 of 2 seeds |"
+    assert len(lines) == 4  # the held-out split only
+    assert "| rft | 5 -> 7/10 | 5 -> 7/10 | 10 -> 14/20 | 0 of 2 seeds |" in format_summary(bench_table(runs, []), "train")
+
+
 def test_a_rise_inside_the_interval_before_it_can_still_be_clear_task_by_task():
     """The held-out tasks are the same before and after: read task by task, a rise that every task shares (or none
     loses) is clear where the interval of the rate before it, wide from the tasks' spread in difficulty, is not."""
@@ -482,6 +503,8 @@ def test_the_bench_runs_every_arm_and_seed_and_writes_its_report(tmp_path, monke
     assert result["runs"][1]["greedy_after"]["eval"]["failures"]["function and body, not the path"] == 3
     assert "seed 1 grpo: resolved 5, function and body, not the path 3" in \
         Path(result["reports"], "learn_arms.txt").read_text()
+    summary = Path(result["reports"], "learn_summary.md").read_text()
+    assert "| grpo greedy | 0 -> **5/8** | 0 -> **5/8** | 0 -> **10/16** | 2 of 2 seeds |" in summary
     markdown = Path(result["reports"], "learn_arms.md").read_text()
     assert "| grpo greedy | held-out tasks | 1 | 0/8, 0.000 [" in markdown and "| **5/8, 0.625** [" in markdown
     assert result["runs"][0]["arm_seconds"] == 0.0  # the stand-in's stages took no time
@@ -548,7 +571,7 @@ def test_a_bench_cut_short_leaves_the_report_of_every_arm_it_finished(tmp_path, 
     assert (report["complete"], report["done"]) == (False, ["sft seed 0"])
     assert {(row["arm"], row["phase"]) for row in report["table"] if row["split"] == "eval"} >= \
         {("sft", "before"), ("sft", "after")}
-    for name in ("learn_arms.txt", "learn_arms.md"):
+    for name in ("learn_arms.txt", "learn_arms.md", "learn_summary.md"):
         assert (reports / name).read_text().startswith("partial: 1 of 2 arm runs done (sft seed 0)")
     assert sorted(path.name for path in reports.iterdir() if path.name.startswith(".")) == []
 

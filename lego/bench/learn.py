@@ -190,7 +190,8 @@ def write_report(name: str, extra: list[str], arms: list[str], seeds: list[int],
     # Each file whole or not at all: a kill mid-write leaves the previous arm's report, not half of this one.
     for file_name, text in (("learn_arms.json", json.dumps(result, indent=2, default=str)),
                             ("learn_arms.txt", table + "\n"),
-                            ("learn_arms.md", status + learning.format_markdown(rows, confidence) + "\n")):
+                            ("learn_arms.md", status + learning.format_markdown(rows, confidence) + "\n"),
+                            ("learn_summary.md", status + learning.format_summary(rows) + "\n")):
         partial = reports / f".{file_name}.partial"
         partial.write_text(text)
         partial.replace(reports / file_name)

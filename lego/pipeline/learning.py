@@ -480,6 +480,34 @@ def format_markdown(rows: list[dict[str, Any]], confidence: float = 0.95) -> str
     return "\n".join(lines)
 
 
+def format_summary(rows: list[dict[str, Any]], split: str = "eval") -> str:
+    """One split at a glance, as Markdown: a line per arm, a column per seed (and the seeds pooled), each cell the
+    resolved attempts before -> after RL, the after in bold where it lies above the before's interval (by task
+    where the row has one); the last column counts the seeds where it does. What the README shows; the full table
+    is `format_markdown`'s."""
+    by_key = {(row["arm"], row["seed"], row["split"], row["phase"]): row for row in rows if row["split"] == split}
+    seeds = sorted({seed for _, seed, _, _ in by_key}, key=_seed_order)
+    arms = [arm for arm in dict.fromkeys(arm for arm, _, _, _ in by_key)
+            if any((arm, seed, split, "after") in by_key for seed in seeds)]
+
+    def cell(arm: str, seed: int | str) -> tuple[str, bool | None]:
+        before, after = by_key.get((arm, seed, split, "before")), by_key.get((arm, seed, split, "after"))
+        if before is None or after is None:
+            return "-", None
+        above = after["rate"] > before.get("task_high", before["high"])
+        figure = f"{after['resolved']}/{after['attempts']}"
+        return f"{before['resolved']} -> {f'**{figure}**' if above else figure}", above
+
+    lines = ["| arm | " + " | ".join(f"seed {seed}" if seed != "all" else "seeds pooled" for seed in seeds)
+             + " | above the interval |", "|---" * (len(seeds) + 2) + "|"]
+    for arm in arms:
+        cells = {seed: cell(arm, seed) for seed in seeds}
+        verdicts = [above for seed, (_, above) in cells.items() if seed != "all" and above is not None]
+        lines.append(f"| {arm} | " + " | ".join(text for text, _ in cells.values())
+                     + f" | {sum(verdicts)} of {len(verdicts)} seeds |")
+    return "\n".join(lines)
+
+
 def plot_bench(rows: list[dict[str, Any]], path: str | Path, confidence: float = 0.95) -> Path:
     """One panel per split: per arm, each seed's resolved rate before (hollow) and after (filled) RL with its
     interval by task where the row has one (attempts at one task are not independent: the interval `seed_rises`
